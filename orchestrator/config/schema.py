@@ -1,0 +1,220 @@
+"""Structured configs: the typed contract behind every Hydra config group.
+
+Registered in Hydra's ConfigStore so a misspelled key or a value of the wrong
+type fails at compose time with the key named. Key names follow DESIGN.md and are
+stable once landed. Pure Python: no torch here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class MLP(str, Enum):
+    swiglu = "swiglu"  # three matrices (gate, up, down): Llama
+    gelu = "gelu"  # two matrices: GPT / Megatron
+
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "dualpipe")
+
+
+@dataclass
+class TierConfig:
+    """A network tier above the node: GPUs per block and bandwidth per GPU."""
+
+    name: str = MISSING
+    size: int = MISSING  # GPUs in one block of this tier (rack 16, pod 3072, ...)
+    gbps: Optional[float] = None  # GB/s per GPU crossing into this tier
+    oversubscription: float = 1.0  # bandwidth = (gbps or inter_node_gbps) / this
+    latency_us: float = 10.0
+
+
+@dataclass
+class HardwareConfig:
+    name: str = MISSING
+    gpus_per_node: int = 8
+    gpu_memory_gb: float = 80.0  # as marketed: an "80 GB" H100 has 80 GiB
+    peak_tflops: float = MISSING  # dense bf16 per GPU
+    intra_node_gbps: float = MISSING  # GB/s per GPU per direction (NVLink)
+    inter_node_gbps: float = MISSING  # GB/s per GPU (400 Gb/s = 50 GB/s)
+    intra_node_latency_us: float = 3.0
+    inter_node_latency_us: float = 10.0
+    tiers: List[TierConfig] = field(default_factory=list)
+    # Fraction of the roofline the kernels reach (fitted on published runs, see
+    # orchestrator/plan/calibrate.py). MFU ~ useful fraction x kernel efficiency.
+    kernel_efficiency: float = 0.6
+    # Memory the framework cannot use: CUDA context, NCCL buffers, fragmentation.
+    reserve_gb: float = 4.0
+    # Failure model for the blast-radius report (Llama 3: 419 unexpected
+    # interruptions in 54 days on 16,384 GPUs = 1.97e-5 per GPU-hour).
+    failures_per_gpu_hour: float = 1.97e-5
+    storage_gbps: float = 500.0  # aggregate checkpoint write bandwidth, GB/s
+    device: str = "cuda"  # cuda | cpu (the runtime's device type)
+    backend: str = "nccl"  # nccl | gloo
+
+
+@dataclass
+class ClusterConfig:
+    nodes: int = 1
+
+
+@dataclass
+class MoEConfig:
+    experts: int = 0  # 0 = dense model
+    experts_per_token: int = 0
+    expert_ffn_hidden: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
+
+
+@dataclass
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary GQA."""
+
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    layers: int = MISSING
+    hidden: int = MISSING
+    ffn_hidden: int = MISSING
+    heads: int = MISSING
+    kv_heads: int = MISSING
+    vocab: int = MISSING
+    head_dim: Optional[int] = None  # default hidden // heads
+    mlp: MLP = MLP.swiglu
+    tied_embeddings: bool = False
+    dropout: bool = False  # GPT/Megatron-style dropout masks (1 byte per element)
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    mla: MLAConfig = field(default_factory=MLAConfig)
+
+
+@dataclass
+class CheckpointConfig:
+    dir: Optional[str] = None  # fsspec URL; None = <run dir>/checkpoints
+    every: int = 0  # steps; 0 = only at the end
+    keep: int = 2
+
+
+@dataclass
+class ResumeConfig:
+    allow_batch_change: bool = False
+
+
+@dataclass
+class TrainingConfig:
+    seq_len: int = 4096
+    global_batch: int = 512  # sequences per optimizer step
+    micro_batch: int = 1
+    steps: int = 100
+    recompute: Recompute = Recompute.none
+    precision: str = "bf16"
+    seed: int = 0
+    lr: float = 3e-4
+    log_every: int = 1
+    flash_attention: bool = True
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+
+
+@dataclass
+class LayoutConfig:
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    dp: Any = "auto"  # an int, or "auto" = what is left of the world
+    ep: int = 1  # expert parallel, carved out of dp (Megatron / DeepSeek convention)
+    vp: int = 1  # virtual pipeline stages per rank (interleaved schedules)
+    sequence_parallel: bool = True
+    zero: int = 3  # 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP)
+    # innermost-first list ([tp, cp, pp, dp]), a Megatron string ("tp-cp-ep-dp-pp"), or auto
+    order: Any = "auto"
+    # explicit per-stage layer counts for uneven splits, e.g. Llama 3 405B [7, 8, ..., 8, 7]
+    stage_layers: Optional[List[int]] = None
+    allow_cross_node_tp: bool = False
+    search: bool = False  # layout=auto selects the search
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "1f1b"  # one of SCHEDULES (checked by the planner, with a fix)
+    microbatches: Optional[int] = None  # default global_batch / (dp * micro_batch)
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "dry"  # dry | local | slurm
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 60
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    setup: List[str] = field(default_factory=list)
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    wait: bool = False
+
+
+@dataclass
+class CostConfig:
+    # Count attention's own FLOPs (causal, as a flash kernel computes them). The
+    # seed's worked example counts only 6 * N * tokens: set false to reproduce it.
+    attention_flops: bool = True
+
+
+@dataclass
+class PublishedConfig:
+    source: str = ""
+    tflops_per_gpu: Optional[float] = None
+    mfu: Optional[float] = None  # fraction, 0.43 not 43
+    metric: str = "mfu"  # mfu | hfu (Megatron 2021 counts recompute FLOPs)
+    step_s: Optional[float] = None
+
+
+@dataclass
+class SearchConfig:
+    top: int = 5
+
+
+@dataclass
+class Config:
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    published: Optional[PublishedConfig] = None
+    recipe_name: Optional[str] = None
+    figures: bool = True
+
+
+def register() -> None:
+    """Register the schema (and the recipes) with Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="orchestrator_schema", node=Config)
+    from orchestrator.config.recipes import register_recipes
+
+    register_recipes(cs)

@@ -1,0 +1,9 @@
+"""The planner: compose -> validate -> inventory -> rank order -> cost -> Plan.
+
+Pure Python (no torch import), deterministic, fast enough to sit in front of
+every launch. Entry point: `make_plan(cfg) -> Plan`.
+"""
+from orchestrator.plan.errors import PlanError, Problem
+from orchestrator.plan.plan import Plan, make_plan
+
+__all__ = ["make_plan", "Plan", "PlanError", "Problem"]

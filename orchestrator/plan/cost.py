@@ -1,0 +1,209 @@
+"""Step-time model (seed 1): arithmetic at peak, TP collectives fully exposed, a
+bubble of (p-1)/m, point-to-point sends between stages, and FSDP traffic hidden
+behind backward except what sticks out. Each axis is costed on the tier its
+groups actually span, so a bad rank order shows up as a slower step.
+
+Per micro-batch on the slowest stage (the pipeline runs at its pace):
+- compute: hardware FLOPs per token x s/cp x b tokens / tp / peak
+- TP: 4 collectives per layer (2 forward, 2 backward; 6 with full recompute),
+  each moving 2(t-1)/t x (s/cp) b h x 2 bytes (all-reduce, or AG + RS with SP)
+- CP (Llama 3's all-gather CP): K and V all-gathered forward, reduce-scattered
+  backward, (c-1)/c x s b x KV width x 2 bytes each
+- EP: all-to-all dispatch and combine, forward and backward, (e-1)/e of the
+  routed tokens' hidden states
+Per step: m x the above; bubble = (p-1)/vp x one micro-batch for 1F1B and
+GPipe (as a fraction of the step, GPipe's (p-1)/(m+p-1), seed 2), a third of
+that for zero-bubble (ZB-H1), half for DualPipe; P2P = the sends on the
+critical path of fill and drain, 2 (p vp - 1) (steady-state sends overlap);
+DP = weight all-gathers and gradient reduce-scatters once per step, hidden
+behind the step's backward (2/3 of its compute) except the first gather.
+
+`total_s` is the roofline budget. The kernels reach `kernel_efficiency` of it,
+so the predicted wall-clock step is total_s / kernel_efficiency and
+MFU = useful fraction x kernel efficiency (seed 1).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from orchestrator.plan.model import ModelMath
+from orchestrator.plan.stages import Stage
+from orchestrator.plan.topology import Tier
+from orchestrator.plan.validate import Degrees
+
+# The data-parallel reduction group: FSDP shards (and gradients reduce) over
+# data x context (x expert) ranks.
+DP_GROUP = ("cp", "ep", "dp")
+
+
+def bubble_factor(schedule: str, p: int, v: int) -> float:
+    """Bubble in units of one micro-batch's time on the slowest stage."""
+    if p <= 1:
+        return 0.0
+    base = (p - 1) / max(v, 1)
+    return {"zero_bubble": base / 3.0, "dualpipe": base / 2.0}.get(schedule, base)
+
+
+def bubble_fraction(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
+    """Fraction of the step spent idle in the bubble (GPipe/1F1B: (p-1)/(m+p-1))."""
+    b = bubble_factor(schedule, p, v)
+    return b / (m + b) if m + b else 0.0
+
+
+@dataclass
+class AxisReport:
+    name: str
+    size: int
+    collective: str
+    calls_per_step: float
+    bytes_per_step: float  # per GPU
+    hideable: bool
+    tier: str = ""
+    gbps: float = 0.0
+    latency_us: float = 0.0
+    seconds: float = 0.0  # the traffic's time on its tier
+    exposed_s: float = 0.0  # what the step pays
+    hidden_s: float = 0.0
+    bytes_per_microbatch: float = 0.0
+    straddling_groups: int = 0  # groups that span more than one node
+    groups: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Step:
+    compute: float
+    tp: float
+    cp: float
+    ep: float
+    pp_bubble: float
+    p2p: float
+    dp_exposed: float
+    total_s: float
+    wall_s: float
+    stage: int  # the slowest stage
+    microbatch_s: float  # one micro-batch on it (compute + exposed collectives)
+    compute_microbatch_s: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Traffic:
+    """Tier-independent figures per micro-batch for one stage."""
+
+    compute_s: float
+    tp: tuple[float, float]  # (calls, bytes per call)
+    cp: tuple[float, float]
+    ep: tuple[float, float]
+
+
+def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, peak_tflops: float, sp: bool) -> Traffic:
+    t, c = d.tp, d.cp
+    s, b = tr.seq_len, tr.micro_batch
+    tokens = s / c * b
+    full = tr.recompute == "full"
+    compute = st.hw_flops_tok * tokens / t / (peak_tflops * 1e12)
+    n = len(st.layers)
+    tp = (n * (6 if full else 4), 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
+    if c > 1:
+        if mm.mla:
+            kv_width = mm.mla.kv_lora_rank + mm.mla.qk_rope_head_dim  # gather the latent
+        else:
+            kv_width = 2 * mm.hd * max(mm.kv // t, 1)
+        cp = (n * (3 if full else 2), (c - 1) / c * s * b * kv_width * 2)
+    else:
+        cp = (0.0, 0.0)
+    if d.ep > 1 and st.moe_layers:
+        k = mm.moe.experts_per_token
+        ep = (st.moe_layers * (6 if full else 4), (d.ep - 1) / d.ep * tokens * k * mm.h * 2 / t)
+    else:
+        ep = (0.0, 0.0)
+    return Traffic(compute, tp, cp, ep)
+
+
+def _time(calls: float, nbytes: float, tier: Tier) -> float:
+    return calls * (nbytes / (tier.gbps * 1e9) + tier.latency_us * 1e-6) if calls else 0.0
+
+
+def axis_traffic(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool) -> dict[str, AxisReport]:
+    """Calls and bytes per step per GPU for every axis (no tiers yet: the order needs these)."""
+    m, v, p = d.microbatches, d.vp, d.pp
+    tr_by = [stage_traffic(st, d, mm, tr, hw.peak_tflops, sp) for st in stages]
+    j = max(range(len(stages)), key=lambda i: tr_by[i].compute_s)
+    tj = tr_by[j]
+    out: dict[str, AxisReport] = {}
+    for name, coll, (calls, nbytes) in (("tp", "all-reduce (AG+RS with SP)", tj.tp),
+                                        ("cp", "all-gather K,V / reduce-scatter dK,dV", tj.cp),
+                                        ("ep", "all-to-all", tj.ep)):
+        size = {"tp": d.tp, "cp": d.cp, "ep": d.ep}[name]
+        out[name] = AxisReport(name, size, coll, m * calls, m * calls * nbytes, hideable=False,
+                               bytes_per_microbatch=calls * nbytes)
+    s_tokens = tr.seq_len / d.cp * tr.micro_batch
+    send = s_tokens * mm.h * 2 / (d.tp if sp else 1)
+    out["pp"] = AxisReport("pp", p, "send/recv", 2 * m * v if p > 1 else 0, 2 * m * v * send if p > 1 else 0,
+                           hideable=True, bytes_per_microbatch=2 * v * send if p > 1 else 0)
+    st = stages[j]
+    dense = (st.params - st.expert_params) / d.tp
+    expert = st.expert_params / (d.tp * d.ep)
+    g = d.dp * d.cp
+    ge = max(g // d.ep, 1)
+    rounds = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[d.zero]  # AR = RS + AG; FSDP gathers again for backward
+    nbytes = rounds * 2.0 * (dense * (g - 1) / g + expert * (ge - 1) / ge)
+    units = max(len(st.layers), 1)
+    out["dp"] = AxisReport("dp", d.dp, "all-gather + reduce-scatter" if d.zero else "all-reduce",
+                           (rounds if d.zero else 1) * units if g > 1 else 0, nbytes if g > 1 else 0,
+                           hideable=True)
+    return out
+
+
+def auto_order(axes: dict[str, AxisReport]) -> list[str]:
+    """Busiest collectives innermost: traffic that cannot hide before traffic that can,
+    then by how often it fires, then by bytes (seed 1's matching of collectives to links)."""
+    live = [a for a in axes.values() if a.size > 1 and a.calls_per_step > 0]
+    live.sort(key=lambda a: (a.hideable, -a.calls_per_step, -a.bytes_per_step))
+    ranked = iter(a.name for a in live)
+    # Size-1 axes do not move any rank; they keep their canonical (Meta) positions and the
+    # live axes fill the other positions in ranked order.
+    return [next(ranked) if a in {x.name for x in live} else a for a in ("tp", "cp", "ep", "pp", "dp")]
+
+
+def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool,
+              axes: dict[str, AxisReport], tiers: dict[str, Tier]) -> Step:
+    m = d.microbatches
+    per_mb = []
+    for st in stages:
+        tt = stage_traffic(st, d, mm, tr, hw.peak_tflops, sp)
+        tp = _time(*tt.tp, tiers["tp"])
+        cp = _time(*tt.cp, tiers["cp"])
+        ep = _time(*tt.ep, tiers["ep"])
+        per_mb.append((tt.compute_s + tp + cp + ep, tt.compute_s, tp, cp, ep))
+    j = max(range(len(stages)), key=lambda i: per_mb[i][0])
+    mb, comp, tp, cp, ep = per_mb[j]
+    bubble = bubble_factor(d.schedule, d.pp, d.vp) * mb
+    pp = axes["pp"]
+    p2p = 0.0
+    if d.pp > 1:
+        send_bytes = pp.bytes_per_microbatch / (2 * d.vp)
+        one = send_bytes / (tiers["pp"].gbps * 1e9) + tiers["pp"].latency_us * 1e-6
+        pp.seconds = pp.calls_per_step * one
+        p2p = 2 * (d.pp * d.vp - 1) * one
+        pp.exposed_s, pp.hidden_s = p2p, max(pp.seconds - p2p, 0.0)
+    dp = axes["dp"]
+    dp_exposed = 0.0
+    if dp.calls_per_step:
+        tier = tiers["dp"]
+        dp.seconds = dp.bytes_per_step / (tier.gbps * 1e9) + dp.calls_per_step * tier.latency_us * 1e-6
+        window = 2.0 / 3.0 * m * comp
+        first_gather = dp.seconds / dp.calls_per_step if d.zero else 0.0  # one unit, one round
+        dp_exposed = max(dp.seconds - window, 0.0) + first_gather
+        dp.exposed_s, dp.hidden_s = dp_exposed, max(dp.seconds - dp_exposed, 0.0)
+    for name, t in (("tp", tp), ("cp", cp), ("ep", ep)):
+        axes[name].seconds = axes[name].exposed_s = m * t
+    total = m * mb + bubble + p2p + dp_exposed
+    return Step(compute=m * comp, tp=m * tp, cp=m * cp, ep=m * ep, pp_bubble=bubble, p2p=p2p,
+                dp_exposed=dp_exposed, total_s=total, wall_s=total / hw.kernel_efficiency, stage=j,
+                microbatch_s=mb, compute_microbatch_s=comp)

@@ -1,0 +1,93 @@
+"""The byte inventory: what one GPU holds, stage by stage (seed 1: start here).
+
+Model states are 16 bytes per parameter (bf16 weights 2, bf16 gradients 2, fp32
+master weights and Adam m and v 12), divided by TP x PP (each GPU holds its
+stage's shard), and by the data-parallel group for whatever ZeRO/FSDP shards:
+stage 1 the optimizer, 2 also gradients, 3 also weights. FSDP shards over data
+x context ranks, as torchtitan does. Expert weights are further divided by EP
+and sharded over the expert-data-parallel group (dp x cp / ep).
+
+Activations per micro-batch are the layer's bytes per token (model.py) x tokens
+per GPU (s/cp x b), divided by TP (sequence parallelism shards what TP does
+not). The number of micro-batches in flight depends on the schedule: GPipe
+keeps all m; 1F1B keeps pp - i on stage i (the first stage a whole model's
+worth of layers); interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti
+et al. 2022).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from orchestrator.plan.stages import Stage
+from orchestrator.plan.validate import Degrees
+
+GiB = 1024**3
+
+
+@dataclass
+class Memory:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+    per_gpu_bytes: float
+    capacity_bytes: float
+    stage: int  # the stage that needs the most
+
+    @property
+    def fits(self) -> bool:
+        return self.per_gpu_bytes <= self.capacity_bytes
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["fits"] = self.fits
+        out["per_gpu_gib"] = round(self.per_gpu_bytes / GiB, 2)
+        out["capacity_gib"] = round(self.capacity_bytes / GiB, 2)
+        return out
+
+
+def in_flight(d: Degrees, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak."""
+    m, p, v = d.microbatches, d.pp, d.vp
+    if p == 1:
+        return 1.0
+    if d.schedule == "gpipe":
+        return float(m)
+    held = float(min(p - stage, m))
+    if d.schedule == "interleaved_1f1b" and v > 1:
+        held *= 1.0 + (p - 1) / (p * v)
+    elif d.schedule == "dualpipe":
+        held = float(min(p + 1, m))  # DualPipe keeps PP+1 micro-batches (DeepSeek-V3, Table 2)
+    return held
+
+
+def stage_memory(st: Stage, d: Degrees, hw, tr, vocab: int) -> Memory:
+    t, c = d.tp, d.cp
+    dense = (st.params - st.expert_params) / t
+    expert = st.expert_params / (t * d.ep)
+    shard = d.dp * c  # FSDP / ZeRO group of dense weights
+    eshard = max(shard // d.ep, 1)
+
+    def sharded(level: int) -> float:
+        return dense / (shard if d.zero >= level else 1) + expert / (eshard if d.zero >= level else 1)
+
+    params = 2.0 * sharded(3)
+    grads = 2.0 * sharded(2)
+    optimizer = 12.0 * sharded(1)
+    tokens = tr.seq_len / c * tr.micro_batch
+    acts = st.act_tok * tokens / t * in_flight(d, st.index)
+    if tr.recompute == "full":
+        acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
+    if st.outputs:
+        acts += 2 * 4.0 * tokens * vocab / t  # fp32 logits and their gradient
+    # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched).
+    per_layer = dense / max(len(st.layers), 1)
+    other = hw.reserve_gb * GiB + (2 * 2.0 * per_layer if d.zero >= 3 and d.dp * c > 1 else 0.0)
+    total = params + grads + optimizer + acts + other
+    return Memory(params, grads, optimizer, acts, other, total, hw.gpu_memory_gb * GiB, st.index)
+
+
+def inventory(stages: list[Stage], d: Degrees, hw, tr, vocab: int) -> Memory:
+    """The worst stage's memory (the one that decides whether the layout fits)."""
+    return max((stage_memory(st, d, hw, tr, vocab) for st in stages), key=lambda mem: mem.per_gpu_bytes)

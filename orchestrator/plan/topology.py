@@ -1,0 +1,129 @@
+"""Rank placement: one rule builds every group of every axis from an order string.
+
+As in Megatron-Core's RankGenerator, the order lists the axes innermost first.
+The innermost axis owns consecutive ranks, which share a node. A rank's
+coordinate on an axis is (rank // stride) % size, where the stride is the
+product of the sizes of the axes inside it; a group of an axis is every rank
+that agrees on all other coordinates. The same rule serves any order.
+
+Expert parallelism is carved out of data parallelism (Megatron / DeepSeek): the
+grid has an `ep` axis and a `dp` axis of size dp/ep, and the data-parallel
+group of dense parameters is `ep` and `dp` together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+MEGATRON_DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+META_ORDER = ("tp", "cp", "pp", "dp")  # Llama 3: tensor, context, pipeline, data
+
+
+class OrderError(ValueError):
+    pass
+
+
+def parse_order(order) -> list[str] | None:
+    """`auto` -> None; a list or a 'tp-cp-ep-dp-pp' string -> innermost-first axes."""
+    if order is None or (isinstance(order, str) and order.strip().lower() == "auto"):
+        return None
+    if isinstance(order, str):
+        items = [x.strip().lower() for x in order.replace(",", "-").replace(" ", "-").split("-") if x.strip()]
+    else:
+        items = [str(x).strip().lower() for x in order]
+    unknown = [x for x in items if x not in AXES]
+    if unknown:
+        raise OrderError(f"unknown axis name(s) {unknown}; use the names {list(AXES)}")
+    if len(set(items)) != len(items):
+        raise OrderError(f"axis named twice in {items}")
+    # Axes left out (size 1, or ep for a dense model) go outermost, in canonical order.
+    return items + [a for a in AXES if a not in items]
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    size: int  # GPUs per block; a group within one block uses this tier
+    gbps: float  # bandwidth per GPU, GB/s
+    latency_us: float
+
+
+def tiers_for(hw) -> list[Tier]:
+    """NVLink inside the node, then the configured tiers (rack, pod, cluster), or one network."""
+    out = [Tier("nvlink", hw.gpus_per_node, hw.intra_node_gbps, hw.intra_node_latency_us)]
+    for t in sorted(hw.tiers, key=lambda t: t.size):
+        bw = (t.gbps if t.gbps is not None else hw.inter_node_gbps) / max(t.oversubscription, 1e-9)
+        out.append(Tier(t.name, t.size, bw, t.latency_us))
+    if len(out) == 1:
+        out.append(Tier("network", 1 << 62, hw.inter_node_gbps, hw.inter_node_latency_us))
+    return out
+
+
+class RankGrid:
+    """Sizes per axis and an innermost-first order -> coordinates and groups."""
+
+    def __init__(self, sizes: dict[str, int], order: list[str]):
+        self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
+        self.order = list(order)
+        self.strides: dict[str, int] = {}
+        s = 1
+        for a in self.order:
+            self.strides[a] = s
+            s *= self.sizes[a]
+        self.world = s
+
+    def coords(self, rank: int) -> dict[str, int]:
+        return {a: (rank // self.strides[a]) % self.sizes[a] for a in self.order}
+
+    def rank(self, coords: dict[str, int]) -> int:
+        return sum(coords.get(a, 0) * self.strides[a] for a in self.order)
+
+    @cached_property
+    def _cube(self) -> np.ndarray:
+        # C order: the outermost axis first, so the innermost axis is the last dimension.
+        shape = [self.sizes[a] for a in reversed(self.order)]
+        return np.arange(self.world, dtype=np.int64).reshape(shape)
+
+    def groups(self, axes) -> np.ndarray:
+        """Every group of the given axis (or axes, flattened): shape [n_groups, group_size].
+
+        Within a group, members are ordered by the given axes, first axis fastest.
+        """
+        axes = [axes] if isinstance(axes, str) else list(axes)
+        dims = list(reversed(self.order))  # dimension index of each axis in the cube
+        moved = [dims.index(a) for a in reversed(axes)]
+        rest = [i for i in range(len(dims)) if i not in moved]
+        size = int(np.prod([self.sizes[a] for a in axes])) if axes else 1
+        return np.transpose(self._cube, rest + moved).reshape(-1, size)
+
+    def group_of(self, rank: int, axes) -> list[int]:
+        g = self.groups(axes)
+        row = np.nonzero((g == rank).any(axis=1))[0][0]
+        return g[row].tolist()
+
+    def tier_of(self, axes, tiers: list[Tier]) -> Tier:
+        """The smallest tier whose blocks hold every group of these axes whole."""
+        g = self.groups(axes)
+        if g.shape[1] == 1:
+            return tiers[0]
+        lo, hi = g.min(axis=1), g.max(axis=1)
+        for t in tiers:
+            if np.all(lo // t.size == hi // t.size):
+                return t
+        return tiers[-1]
+
+    def straddling(self, axes, block: int) -> np.ndarray:
+        """Boolean per group: does it span more than one block (node) of `block` ranks?"""
+        g = self.groups(axes)
+        return (g // block).min(axis=1) != (g // block).max(axis=1)
+
+    def to_json(self) -> dict:
+        return {
+            "order": self.order,
+            "sizes": {a: self.sizes[a] for a in self.order},
+            "strides": self.strides,
+            "rule": "coord[a] = (rank // strides[a]) % sizes[a]; rank = sum(coord[a] * strides[a])",
+        }
