@@ -46,6 +46,7 @@ class HardwareConfig:
     peak_tflops: float = MISSING  # dense bf16 per GPU
     intra_node_gbps: float = MISSING  # GB/s per GPU per direction (NVLink)
     inter_node_gbps: float = MISSING  # GB/s per GPU (400 Gb/s = 50 GB/s)
+    hbm_gbps: float = 3350.0  # memory bandwidth per GPU: memory-bound kernels (non-flash attention)
     intra_node_latency_us: float = 3.0
     inter_node_latency_us: float = 10.0
     tiers: List[TierConfig] = field(default_factory=list)
@@ -125,7 +126,8 @@ class TrainingConfig:
     micro_batch: int = 1
     steps: int = 100
     recompute: Recompute = Recompute.none
-    precision: str = "bf16"
+    precision: str = "bf16"  # bf16 | fp8 (fp8 caches linear-layer inputs in one byte, DeepSeek-V3)
+    optimizer_bytes: float = 12.0  # per parameter: fp32 master + Adam m, v (DeepSeek-V3: 8, bf16 moments)
     seed: int = 0
     lr: float = 3e-4
     log_every: int = 1

@@ -101,13 +101,22 @@ class Traffic:
     ep: tuple[float, float]
 
 
-def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, peak_tflops: float, sp: bool) -> Traffic:
+def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, peak_tflops: float, sp: bool,
+                  hbm_gbps: float = 3350.0) -> Traffic:
     t, c = d.tp, d.cp
     s, b = tr.seq_len, tr.micro_batch
     tokens = s / c * b
     full = tr.recompute == "full"
     compute = st.hw_flops_tok * tokens / t / (peak_tflops * 1e12)
     n = len(st.layers)
+    if not tr.flash_attention:
+        # Without flash attention the score matrix goes through HBM: written by QK^T, read and
+        # written by softmax (and dropout), read by AV; twice that in backward, once more
+        # when recomputed. Memory-bound, so it costs bytes / HBM bandwidth, not FLOPs.
+        per_pass = 8 + (5 if mm.dropout else 0)
+        passes = 3 + (1 if full else 0)
+        score_bytes = n * mm.heads / min(t, mm.heads) * tokens * s * per_pass * passes
+        compute += score_bytes / (hbm_gbps * 1e9)
     tp = (n * (6 if full else 4), 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
     if c > 1:
         if mm.mla:
@@ -132,7 +141,7 @@ def _time(calls: float, nbytes: float, tier: Tier) -> float:
 def axis_traffic(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool) -> dict[str, AxisReport]:
     """Calls and bytes per step per GPU for every axis (no tiers yet: the order needs these)."""
     m, v, p = d.microbatches, d.vp, d.pp
-    tr_by = [stage_traffic(st, d, mm, tr, hw.peak_tflops, sp) for st in stages]
+    tr_by = [stage_traffic(st, d, mm, tr, hw.peak_tflops, sp, hw.hbm_gbps) for st in stages]
     j = max(range(len(stages)), key=lambda i: tr_by[i].compute_s)
     tj = tr_by[j]
     out: dict[str, AxisReport] = {}
@@ -176,13 +185,19 @@ def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool,
     m = d.microbatches
     per_mb = []
     for st in stages:
-        tt = stage_traffic(st, d, mm, tr, hw.peak_tflops, sp)
+        tt = stage_traffic(st, d, mm, tr, hw.peak_tflops, sp, hw.hbm_gbps)
         tp = _time(*tt.tp, tiers["tp"])
         cp = _time(*tt.cp, tiers["cp"])
         ep = _time(*tt.ep, tiers["ep"])
-        per_mb.append((tt.compute_s + tp + cp + ep, tt.compute_s, tp, cp, ep))
+        ep_hidden = 0.0
+        if d.schedule == "dualpipe":
+            # DualPipe overlaps one micro-batch's all-to-all with another's computation.
+            ep_hidden = min(ep, tt.compute_s)
+            ep -= ep_hidden
+        per_mb.append((tt.compute_s + tp + cp + ep, tt.compute_s, tp, cp, ep, ep_hidden))
     j = max(range(len(stages)), key=lambda i: per_mb[i][0])
-    mb, comp, tp, cp, ep = per_mb[j]
+    mb, comp, tp, cp, ep, ep_hidden = per_mb[j]
+    axes["ep"].hidden_s = m * ep_hidden
     bubble = bubble_factor(d.schedule, d.pp, d.vp) * mb
     pp = axes["pp"]
     p2p = 0.0
@@ -202,7 +217,8 @@ def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool,
         dp_exposed = max(dp.seconds - window, 0.0) + first_gather
         dp.exposed_s, dp.hidden_s = dp_exposed, max(dp.seconds - dp_exposed, 0.0)
     for name, t in (("tp", tp), ("cp", cp), ("ep", ep)):
-        axes[name].seconds = axes[name].exposed_s = m * t
+        axes[name].exposed_s = m * t
+        axes[name].seconds = m * t + axes[name].hidden_s
     total = m * mb + bubble + p2p + dp_exposed
     return Step(compute=m * comp, tp=m * tp, cp=m * cp, ep=m * ep, pp_bubble=bubble, p2p=p2p,
                 dp_exposed=dp_exposed, total_s=total, wall_s=total / hw.kernel_efficiency, stage=j,

@@ -7,6 +7,9 @@ stage 1 the optimizer, 2 also gradients, 3 also weights. FSDP shards over data
 x context ranks, as torchtitan does. Expert weights are further divided by EP
 and sharded over the expert-data-parallel group (dp x cp / ep).
 
+Optimizer bytes per parameter are `training.optimizer_bytes` (12 by default).
+DualPipe keeps two copies of weights and gradients (DeepSeek-V3, Sec. 3.2.1).
+
 Activations per micro-batch are the layer's bytes per token (model.py) x tokens
 per GPU (s/cp x b), divided by TP (sequence parallelism shards what TP does
 not). The number of micro-batches in flight depends on the schedule: GPipe
@@ -22,6 +25,9 @@ from orchestrator.plan.stages import Stage
 from orchestrator.plan.validate import Degrees
 
 GiB = 1024**3
+# FP8 training caches the inputs of linear layers in one byte instead of two; they are
+# most of a layer's activations, so the whole is taken as 0.6 of the bf16 figure.
+FP8_ACT = 0.6
 
 
 @dataclass
@@ -72,11 +78,12 @@ def stage_memory(st: Stage, d: Degrees, hw, tr, vocab: int) -> Memory:
     def sharded(level: int) -> float:
         return dense / (shard if d.zero >= level else 1) + expert / (eshard if d.zero >= level else 1)
 
-    params = 2.0 * sharded(3)
-    grads = 2.0 * sharded(2)
-    optimizer = 12.0 * sharded(1)
+    copies = 2.0 if d.schedule == "dualpipe" else 1.0  # DualPipe holds two copies (DeepSeek-V3, 3.2.1)
+    params = copies * 2.0 * sharded(3)
+    grads = copies * 2.0 * sharded(2)
+    optimizer = tr.optimizer_bytes * sharded(1)
     tokens = tr.seq_len / c * tr.micro_batch
-    acts = st.act_tok * tokens / t * in_flight(d, st.index)
+    acts = st.act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision == "fp8" else 1.0)
     if tr.recompute == "full":
         acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
     if st.outputs:

@@ -156,8 +156,9 @@ def _judge_cross_node_tp(plan, spec, d: Degrees, axes, tier_list, step: Step) ->
     gpn = spec.hardware.gpus_per_node
     nv = tier_list[0]
     calls = a.calls_per_step / d.microbatches
-    on_net = a.bytes_per_microbatch / (a.gbps * 1e9) + calls * a.latency_us * 1e-6
-    on_nv = a.bytes_per_microbatch / (nv.gbps * 1e9) + calls * nv.latency_us * 1e-6
+    # Transfer time alone (bytes / bandwidth), as seed 1 quotes it; the step adds latency.
+    on_net = a.bytes_per_microbatch / (a.gbps * 1e9)
+    on_nv = a.bytes_per_microbatch / (nv.gbps * 1e9)
     cost = (f"its {calls:.0f} collectives per micro-batch move {a.bytes_per_microbatch / 1e9:.1f} GB over the "
             f"{a.gbps:g} GB/s {a.tier} tier: {on_net:.2f} s instead of {on_nv * 1e3:.0f} ms on NVLink, against "
             f"{step.compute_microbatch_s * 1e3:.0f} ms of arithmetic")

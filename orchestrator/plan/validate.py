@@ -53,11 +53,17 @@ def _nearest_multiples(x: int, k: int) -> tuple[int, int]:
 
 
 def uneven_split(layers: int, pp: int) -> list[int] | None:
-    """Llama 3's split: first and last stage one layer fewer (126 layers on 16 stages)."""
-    if pp >= 3 and (layers + 2) % pp == 0 and (layers + 2) // pp >= 2:
-        k = (layers + 2) // pp
-        return [k - 1] + [k] * (pp - 2) + [k - 1]
-    return None
+    """An uneven split that lightens the ends, which also hold the embedding and the
+    output layer: Llama 3 405B's 126 layers on 16 stages are [7, 8, ..., 8, 7]."""
+    if pp < 2 or layers < pp or layers % pp == 0:
+        return None
+    k = -(-layers // pp)
+    split = [k] * pp
+    deficit = k * pp - layers
+    ends = [i for pair in zip(range(pp), reversed(range(pp))) for i in pair]
+    for i in ends[:deficit]:
+        split[i] -= 1
+    return split if min(split) >= 1 and sum(split) == layers else None
 
 
 def validate(spec) -> tuple[Degrees | None, list[Problem], list[str]]:
