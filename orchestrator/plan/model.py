@@ -20,7 +20,8 @@ Conventions (documented because every MFU figure depends on them):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
+from itertools import accumulate
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,23 @@ class LayerShape:
     act_selective: float  # ... with selective recompute
     attn_fwd_flops: float  # causal attention-core forward FLOPs per token / seq_len
     scores_bytes_per_s: float  # bytes per token per unit of seq_len without flash
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Prefix sums over layers (index i = layers [0, i)), for O(1) stage sums."""
+
+    params: list[float]
+    expert: list[float]
+    model: list[float]
+    hw: list[float]
+    act: list[float]
+    moe: list[int]
+    act_none_per_layer: list[float]
+
+
+def _prefix(xs) -> list:
+    return [0] + list(accumulate(xs))
 
 
 class ModelMath:
@@ -182,3 +200,19 @@ class ModelMath:
         if recompute == "selective":
             return l.act_selective  # selective also recomputes the score matrix
         return l.act_none + scores
+
+    def table(self, seq_len: int, recompute: str, flash: bool, attention: bool) -> LayerTable:
+        return self._table(seq_len, recompute, flash, attention)
+
+    @lru_cache(maxsize=64)
+    def _table(self, seq_len: int, recompute: str, flash: bool, attention: bool) -> LayerTable:
+        fl = [self.layer_flops(i, seq_len, attention, recompute) for i in range(self.L)]
+        return LayerTable(
+            params=_prefix(l.params for l in self._layers),
+            expert=_prefix(l.expert_params for l in self._layers),
+            model=_prefix(f[0] for f in fl),
+            hw=_prefix(f[1] for f in fl),
+            act=_prefix(self.layer_act_bytes(i, seq_len, recompute, flash) for i in range(self.L)),
+            moe=_prefix(1 if l.expert_params else 0 for l in self._layers),
+            act_none_per_layer=[self.layer_act_bytes(i, seq_len, "none", flash) for i in range(self.L)],
+        )

@@ -105,13 +105,13 @@ def make_plan(cfg: Any) -> Plan:
     return plan_spec(spec)
 
 
-def plan_spec(spec, order_override: list[str] | None = None) -> Plan:
+def plan_spec(spec, order_override: list[str] | None = None, mm: ModelMath | None = None) -> Plan:
     degrees, problems, warnings = validate(spec)
     world = spec.cluster.nodes * spec.hardware.gpus_per_node
     plan = Plan(valid=False, errors=problems, warnings=list(warnings), world_size=world, spec=spec)
     if degrees is None:
         return plan
-    mm = ModelMath(spec.model)
+    mm = mm or ModelMath(spec.model)
     tr, hw, lay = spec.training, spec.hardware, spec.layout
     plan.params, plan.active_params = mm.total_params, mm.active_params
     stages = build_stages(mm, degrees, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops)
@@ -208,11 +208,11 @@ def _with(spec, dotted: str, value):
     return alt
 
 
-def plan_memory_only(spec) -> Memory | None:
+def plan_memory_only(spec, mm: ModelMath | None = None) -> Memory | None:
     degrees, problems, _ = validate(spec)
     if degrees is None:
         return None
-    mm = ModelMath(spec.model)
+    mm = mm or ModelMath(spec.model)
     tr = spec.training
     stages = build_stages(mm, degrees, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops)
     return inventory(stages, degrees, spec.hardware, tr, mm.V)
@@ -223,8 +223,8 @@ def blast_radius(spec, d: Degrees, grid: RankGrid, mm: ModelMath) -> dict:
     hw = spec.hardware
     gpn = hw.gpus_per_node
     replica_of = (np.arange(grid.world) // grid.strides["dp"]) % grid.sizes["dp"]
-    per_node = replica_of.reshape(-1, gpn) if grid.world % gpn == 0 else replica_of.reshape(1, -1)
-    replicas_hit = int(max(len(np.unique(row)) for row in per_node))
+    per_node = np.sort(replica_of.reshape(-1, gpn) if grid.world % gpn == 0 else replica_of.reshape(1, -1), axis=1)
+    replicas_hit = int((1 + (np.diff(per_node, axis=1) != 0).sum(axis=1)).max())
     rate = hw.failures_per_gpu_hour * grid.world  # interruptions per hour
     mtbf_s = 3600.0 / rate if rate > 0 else float("inf")
     ckpt_bytes = 14.0 * mm.total_params  # bf16 weights + fp32 master + Adam m, v

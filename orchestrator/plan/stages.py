@@ -29,18 +29,17 @@ class Stage:
 
 def build_stages(mm: ModelMath, d: Degrees, seq_len: int, recompute: str, flash: bool,
                  attention_flops: bool) -> list[Stage]:
+    tab = mm.table(seq_len, recompute, flash, attention_flops)
     stages = []
     start = 0
     V, h = mm.V, mm.h
     for i, n in enumerate(d.stage_layers):
-        idx = tuple(range(start, start + n))
-        start += n
+        a, b = start, start + n
+        start = b
         first, last = i == 0, i == d.pp - 1
-        params = sum(mm.layer(j).params for j in idx)
-        expert = sum(mm.layer(j).expert_params for j in idx)
-        fl = [mm.layer_flops(j, seq_len, attention_flops, recompute) for j in idx]
-        model = sum(f[0] for f in fl)
-        hw = sum(f[1] for f in fl)
+        params = tab.params[b] - tab.params[a]
+        model = tab.model[b] - tab.model[a]
+        hw = tab.hw[b] - tab.hw[a]
         # Embedding and output layer: 6 x their parameters per token (the 6N convention).
         if first:
             params += mm.embed_params
@@ -51,13 +50,10 @@ def build_stages(mm: ModelMath, d: Degrees, seq_len: int, recompute: str, flash:
             params += (mm.output_params or (mm.embed_params if d.pp > 1 else 0)) + h
             model += 6.0 * V * h
             hw += 6.0 * V * h
-        acts = [mm.layer_act_bytes(j, seq_len, recompute, flash) for j in idx]
         stages.append(Stage(
-            index=i, layers=idx,
-            moe_layers=sum(1 for j in idx if mm.layer(j).expert_params),
-            params=params, expert_params=expert, model_flops_tok=model, hw_flops_tok=hw,
-            act_tok=sum(acts),
-            act_tok_layer_max=max((mm.layer_act_bytes(j, seq_len, "none", flash) for j in idx), default=0.0),
+            index=i, layers=tuple(range(a, b)), moe_layers=tab.moe[b] - tab.moe[a],
+            params=params, expert_params=tab.expert[b] - tab.expert[a], model_flops_tok=model, hw_flops_tok=hw,
+            act_tok=tab.act[b] - tab.act[a], act_tok_layer_max=max(tab.act_none_per_layer[a:b], default=0.0),
             embeds=first, outputs=last,
         ))
     return stages
