@@ -110,12 +110,13 @@ def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, peak_tflops: float, 
     compute = st.hw_flops_tok * tokens / t / (peak_tflops * 1e12)
     n = len(st.layers)
     if not tr.flash_attention:
-        # Without flash attention the score matrix goes through HBM: written by QK^T, read and
-        # written by softmax (and dropout), read by AV; twice that in backward, once more
-        # when recomputed. Memory-bound, so it costs bytes / HBM bandwidth, not FLOPs.
-        per_pass = 8 + (5 if mm.dropout else 0)
-        passes = 3 + (1 if full else 0)
-        score_bytes = n * mm.heads / min(t, mm.heads) * tokens * s * per_pass * passes
+        # Without flash attention the score matrix goes through HBM, in bytes per element:
+        # forward: QK^T writes 2, fused scale-mask-softmax reads and writes 4, dropout 5
+        # (read, write, 1-byte mask), AV reads 2; backward about 17; a recompute repeats
+        # the forward. Memory-bound, so it costs bytes / HBM bandwidth, not FLOPs.
+        fwd = 8 + (5 if mm.dropout else 0)
+        per_element = fwd + (fwd + 4) + (fwd if full else 0)
+        score_bytes = n * mm.heads / min(t, mm.heads) * tokens * s * per_element
         compute += score_bytes / (hbm_gbps * 1e9)
     tp = (n * (6 if full else 4), 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
     if c > 1:
