@@ -66,6 +66,30 @@ def uneven_split(layers: int, pp: int) -> list[int] | None:
     return split if min(split) >= 1 and sum(split) == layers else None
 
 
+def virtual_stages(stage_layers: list[int], vp: int, schedule: str = "interleaved_1f1b") -> list[tuple[int, int]]:
+    """Layer ranges [start, end) of the pp x vp virtual stages, in pipeline order.
+
+    Virtual stage j runs on pipeline rank j % pp (chunk j // pp) for looped/interleaved
+    schedules; each rank's layers are split as evenly as possible over its chunks.
+    """
+    pp = len(stage_layers)
+    sizes = []
+    for j in range(pp * vp):
+        r, k = j % pp, j // pp
+        n = stage_layers[r]
+        sizes.append(n // vp + (1 if k < n % vp else 0))
+    out, start = [], 0
+    for n in sizes:
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+def stage_ids_of_rank(pp_rank: int, pp: int, vp: int) -> list[int]:
+    """The virtual stages a pipeline rank runs (looped placement)."""
+    return [pp_rank + k * pp for k in range(vp)]
+
+
 def validate(spec) -> tuple[Degrees | None, list[Problem], list[str]]:
     problems: list[Problem] = []
     warnings: list[str] = []

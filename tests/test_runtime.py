@@ -1,0 +1,107 @@
+"""The runtime trains exactly the plan: parallel runs against a single process, with
+real processes and gloo (one per emulated GPU), launched by the local launcher."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+COMMON = ["hardware=cpu", "model=tiny", "training.steps=4", "launcher=local", "figures=false",
+          "training.seq_len=64", "training.global_batch=16"]
+
+
+def train(tmp_path: Path, name: str, *overrides: str) -> dict:
+    r = run_cli([*COMMON, *overrides], tmp_path / name, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads((tmp_path / name / "run" / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("ref"), "single", "cluster.nodes=1", "hardware.gpus_per_node=1")["loss"]
+
+
+LAYOUTS = {
+    "dp2": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2"],
+    "tp2": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2"],
+    "pp2_gpipe": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=gpipe"],
+    "pp2_1f1b": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=1f1b"],
+    "pp2_interleaved": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=interleaved_1f1b",
+                        "layout.vp=2"],
+    "pp2_zero_bubble": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=zero_bubble"],
+    "cp2": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.cp=2"],
+    "tp2_dp2": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2"],
+    "cp2_pp2": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.cp=2", "layout.pp=2"],
+    "pp2_tp2_dp2": ["cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2", "layout.dp=2"],
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_parallel_run_matches_single_process(tmp_path, reference, name):
+    got = train(tmp_path, name, *LAYOUTS[name])
+    assert len(got["loss"]) == len(reference) == 4
+    for step, (a, b) in enumerate(zip(got["loss"], reference)):
+        assert a == pytest.approx(b, rel=1e-5), (name, step, a, b)
+    assert got["loss"][-1] < got["loss"][0]  # it trains
+
+
+def test_two_layouts_with_the_same_global_batch_agree(tmp_path):
+    a = train(tmp_path, "a", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2",
+              "training.micro_batch=2")
+    b = train(tmp_path, "b", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.dp=4", "layout.order=[dp,tp]")
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_tensorboard_events_hold_the_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tmp_path, "tb", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2")
+    acc = EventAccumulator(str(tmp_path / "tb" / "run" / "tensorboard")).Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("loss/train", "time/step_s", "throughput/tokens_per_s", "perf/tflops_per_gpu",
+                "perf/tflops_per_gpu_predicted", "perf/mfu", "perf/mfu_predicted", "memory/max_rss_mb"):
+        assert tag in tags, tag
+    assert len(acc.Scalars("loss/train")) == 4
+    assert "plan/text_summary" in acc.Tags()["tensors"]  # the plan itself, as text
+    text = acc.Tensors("plan/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "TP2 CP1 PP1 DP1" in text
+    metrics = json.loads((tmp_path / "tb" / "run" / "metrics.json").read_text())
+    assert [e.value for e in acc.Scalars("loss/train")] == pytest.approx(metrics["loss"], rel=1e-6)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
+    from orchestrator import compose, make_plan
+    from orchestrator.cli import write_plan
+    from orchestrator.launch.local import LocalJob
+
+    run = tmp_path / "run"
+    plan = make_plan(compose([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                              "training.steps=1000"]))
+    write_plan(plan, run, figures=False)
+    job = LocalJob(run, nodes=2, gpus_per_node=2, echo=False)
+    job.start()
+    log0 = run / "logs" / "rank0.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log0.exists() and "step 2/" in log0.read_text()):
+        time.sleep(0.2)
+    assert "step 2/" in log0.read_text()
+    victim = job.procs[3].pid
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    res = job.wait(timeout=60)
+    assert not res.ok and res.failed_rank == 3 and res.failed_node == 1
+    assert "SIGKILL" in res.cause and "rank 3" in res.cause
+    assert time.monotonic() - t0 < 10
+    assert not any(_alive(pid) for pid in res.pids)
