@@ -14,8 +14,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+# The embedded default: train the tiny model on 2 emulated nodes x 4 devices with
+# TP2 x PP2 x DP2 (gloo, one process per device); writes the plan, the pictures and
+# the TensorBoard logs and prints where they are.
+DEMO ?= hardware=cpu cluster.nodes=2 hardware.gpus_per_node=4 model=tiny \
+	layout.tp=2 layout.pp=2 layout.dp=2 schedule=1f1b training.steps=30 launcher=local
+
 demo: $(BIN)/.installed
-	$(BIN)/orchestrate recipe=llama3_405b launcher=dry
+	$(BIN)/orchestrate $(DEMO)
 
 test: $(BIN)/.installed
 	$(BIN)/pytest -q
