@@ -31,3 +31,52 @@ def cli(tmp_path):
 
     _run.dir = tmp_path / "run"
     return _run
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible object store on localhost (moto's server mode), reached through s3fs."""
+    import shutil
+    import socket
+    import time
+
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    assert exe, "moto[server] is a test dependency (pip install -e '.[test]')"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # for the ranks (fsspec reads FSSPEC_S3_* when it is imported)
+    import fsspec.config
+
+    s3conf = fsspec.config.conf.setdefault("s3", {})
+    old_conf = dict(s3conf)
+    s3conf["endpoint_url"] = env["FSSPEC_S3_ENDPOINT_URL"]  # and for this process, already imported
+    try:
+        import fsspec
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])
+                fs.mkdir("orchestrator-tests")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        yield "s3://orchestrator-tests"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        s3conf.clear()
+        s3conf.update(old_conf)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

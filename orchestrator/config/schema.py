@@ -110,8 +110,8 @@ class ModelConfig:
 @dataclass
 class CheckpointConfig:
     dir: Optional[str] = None  # fsspec URL; None = <run dir>/checkpoints
-    every: int = 0  # steps; 0 = only at the end
-    keep: int = 2
+    every: int = 0  # save every N steps and at the end; 0 = no checkpoints
+    keep: int = 2  # complete checkpoints kept (older ones are deleted)
 
 
 @dataclass
@@ -131,6 +131,8 @@ class TrainingConfig:
     seed: int = 0
     lr: float = 3e-4
     log_every: int = 1
+    data: Optional[str] = None  # fsspec URL of a flat token file (uint16); None = synthetic stream
+    adam_eps: float = 1e-8
     flash_attention: bool = True
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
@@ -191,6 +193,26 @@ class PublishedConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Fault injection for tests and demos: kill every process of one emulated node."""
+
+    kill_node: Optional[int] = None
+    at_step: Optional[int] = None  # once this many steps have completed
+    mode: str = "step"  # step | random (a seeded random step) | during_save (inside that step's save)
+    seed: int = 0
+
+
+@dataclass
+class FailoverConfig:
+    enabled: bool = True
+    max_failovers: int = 3
+    min_dp: int = 1
+    # keep: the global batch stays exact (more micro-batches per replica, or fewer nodes);
+    # adjust: round it down to what the survivors can run, and report the change.
+    batch_policy: str = "keep"
+
+
+@dataclass
 class SearchConfig:
     top: int = 5
 
@@ -206,6 +228,8 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
     published: Optional[PublishedConfig] = None
     recipe_name: Optional[str] = None
     figures: bool = True

@@ -1,10 +1,13 @@
-"""One rank of a training job: `python -m orchestrator.train.worker RUN_DIR`.
+"""One rank of a training job: `python -m orchestrator.train.worker PLAN_DIR`.
 
-Reads RUN_DIR/plan.json (never re-derives the layout), its place from the usual
+Reads PLAN_DIR/plan.json (never re-derives the layout), its place from the usual
 torch environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
-builds the plan's mesh, model parts, optimizer and schedule, and trains.
-Rank 0 writes TensorBoard events and metrics.json into RUN_DIR; the leader of
-each data-parallel replica records the sample indices it read (samples/).
+builds the plan's mesh, model parts, optimizers and schedule, resumes from the
+latest complete checkpoint if there is one (resharding it into this layout),
+and trains. Outputs go to ORCH_RUN_DIR (default PLAN_DIR), shared by every
+attempt of a run: rank 0 writes TensorBoard events, metrics.json (this attempt)
+and metrics.jsonl (every step of every attempt); the leader of each data-parallel
+replica records the sample indices it read (samples/).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from orchestrator.train import checkpoint as ckpt
 from orchestrator.train.data import TokenSource
 from orchestrator.train.mesh import grid_from_json, mesh_from_grid
 from orchestrator.train.model import cp_shard
@@ -75,8 +79,10 @@ class Logger:
             self.writer.close()
 
 
-def train(run_dir: Path) -> dict:
-    plan = json.loads((run_dir / "plan.json").read_text())
+def train(plan_dir: Path) -> dict:
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    run_dir = Path(os.environ.get("ORCH_RUN_DIR", plan_dir))
+    attempt = int(os.environ.get("ORCH_ATTEMPT", "0"))
     cfg = _ns(plan["config"])
     lay = plan["layout"]
     hw, tr = cfg.hardware, cfg.training
@@ -101,9 +107,10 @@ def train(run_dir: Path) -> dict:
 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     parts = build_model_parts(cfg.model, lay, mesh, coords, tr.seed, loss_parallel=tp > 1, device=device, mp=mp)
-    params = [p for _, part in parts for p in part.parameters()]
-    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), eps=getattr(tr, "adam_eps", 1e-8),
-                            weight_decay=0.0)
+    # One optimizer per model part (virtual stage), as torchtitan does: each part's
+    # state dict then holds exactly its own parameters' names.
+    opts = [torch.optim.AdamW(part.parameters(), lr=tr.lr, betas=(0.9, 0.95), eps=getattr(tr, "adam_eps", 1e-8),
+                              weight_decay=0.0) for _, part in parts]
     schedule = None
     ids = [i for i, _ in parts]
     n_stages = pp * (lay["vp"] if lay["schedule"] in MULTI_STAGE else 1)
@@ -119,18 +126,40 @@ def train(run_dir: Path) -> dict:
     samples_dir = run_dir / "samples"
     samples_dir.mkdir(exist_ok=True)
     log = Logger(run_dir, plan, rank == 0)
+    url = tr.checkpoint.dir or str(run_dir / "checkpoints")
+    start_step = 0
+    latest = ckpt.latest_complete(url)
+    if latest is not None:
+        meta = ckpt.read_meta(url, latest)
+        problems = ckpt.compatibility_problems(meta, plan["config"]["model"], plan["config"]["training"])
+        if problems:
+            raise SystemExit("cannot resume: " + "; ".join(f"[{k}] {m}" for k, m in problems) +
+                             f". Fix: point training.checkpoint.dir elsewhere, or set "
+                             f"training.resume.allow_batch_change=true for a batch change.")
+        t_load = time.perf_counter()
+        ckpt.load(url, latest, parts, opts)
+        start_step = meta["step"]
+        if os.environ.get("ORCH_DUMP_AFTER_LOAD"):
+            _dump_full_state(Path(os.environ["ORCH_DUMP_AFTER_LOAD"]), rank, parts, opts)
+        if rank == 0:
+            print(f"resumed from {ckpt.step_dir(url, latest)} (step {latest}, layout "
+                  f"TP{meta['layout']['tp']} CP{meta['layout']['cp']} PP{meta['layout']['pp']} "
+                  f"DP{meta['layout']['dp']} -> TP{tp} CP{cp} PP{pp} DP{lay['dp']}) in "
+                  f"{time.perf_counter() - t_load:.2f} s", flush=True)
+    torch.manual_seed(tr.seed + start_step)  # the RNG stream is a function of (seed, step)
+    fault = _fault_hook(rank, grid, plan)
     ctx = loss_parallel if tp > 1 else contextlib.nullcontext
     peak = hw.peak_tflops * 1e12
     tokens_per_step = tr.global_batch * tr.seq_len
     history = {"loss": [], "step_time_s": []}
-    start_step = int(os.environ.get("ORCH_START_STEP", "0"))
+    every = tr.checkpoint.every
     for step in range(start_step, tr.steps):
         idx = data.indices(step, tr.global_batch, dp_total, dp_rank)
         tokens = data.batch(idx).to(device)
         inputs, labels = cp_shard(tokens[:, :-1], cp, coords["cp"]), cp_shard(tokens[:, 1:], cp, coords["cp"])
         if record:
             with open(samples_dir / f"rank{rank}.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, "dp_rank": dp_rank, "indices": idx}) + "\n")
+                f.write(json.dumps({"step": step, "attempt": attempt, "dp_rank": dp_rank, "indices": idx}) + "\n")
         t0 = time.perf_counter()
         local = None
         with ctx():
@@ -149,8 +178,9 @@ def train(run_dir: Path) -> dict:
                     loss = loss_fn(model(x), y) / m
                     loss.backward()
                     local += _scalar(loss)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
         agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
         dist.all_reduce(agg)
@@ -167,10 +197,22 @@ def train(run_dir: Path) -> dict:
             "perf/mfu": mfu, "perf/mfu_predicted": plan["mfu"], "time/step_s_predicted": plan["step"]["wall_s"],
             "memory/max_rss_mb": float(rss.item()),
         }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps)
+        if rank == 0:
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "loss": mean_loss, "step_time_s": dt, "attempt": attempt,
+                                    "dp": lay["dp"], "time": time.time()}) + "\n")
+        if every and ((step + 1) % every == 0 or step + 1 == tr.steps):
+            meta = {"step": step + 1, "samples_consumed": (step + 1) * tr.global_batch,
+                    "model": plan["config"]["model"],
+                    "training": {k: plan["config"]["training"][k] for k in ("global_batch", "seq_len", "seed")},
+                    "layout": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")}, "plan": plan}
+            ckpt.save(url, step + 1, parts, opts, meta, rank, keep=tr.checkpoint.keep,
+                      fault_hook=fault if fault and step + 1 == fault.step else None)
     log.close()
     if rank == 0:
         (run_dir / "metrics.json").write_text(json.dumps({
             "loss": history["loss"], "step_time_s": history["step_time_s"], "start_step": start_step,
+            "attempt": attempt,
             "layout": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")},
         }, indent=1))
     dist.barrier()  # DCP and gloo exit cleanly only after everyone is done (torch-cpu notes)
@@ -178,9 +220,46 @@ def train(run_dir: Path) -> dict:
     return history
 
 
+def _dump_full_state(out: Path, rank: int, parts, opts) -> None:
+    """Tests: this rank's parts as full (unsharded) tensors, to compare with the checkpoint."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    o = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    model, optim = {}, {}
+    for (_, part), opt in zip(parts, opts):
+        model.update(get_model_state_dict(part, options=o))
+        optim.update(get_optimizer_state_dict(part, opt, options=o))
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model, "optim": optim}, out / f"rank{rank}.pt")
+
+
+class _Fault:
+    """Fault injection (fault.mode=during_save): every rank of the victim node kills
+    itself in the middle of the save at `step`, as a node would die."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def __call__(self):
+        import signal
+
+        print(f"fault injection: killing this node during the save of step {self.step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fault_hook(rank: int, grid, plan: dict):
+    if os.environ.get("ORCH_FAULT_MODE") != "during_save":
+        return None
+    node = rank // plan["config"]["hardware"]["gpus_per_node"]
+    if node != int(os.environ["ORCH_FAULT_NODE"]):
+        return None
+    return _Fault(int(os.environ["ORCH_FAULT_STEP"]))
+
+
 def main() -> None:
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m orchestrator.train.worker RUN_DIR")
+        raise SystemExit("usage: python -m orchestrator.train.worker PLAN_DIR")
     train(Path(sys.argv[1]))
 
 

@@ -1,0 +1,170 @@
+"""Checkpoints (DCP on fsspec), reshard on load, and failover on node loss.
+
+Real processes with gloo, real DCP files on a local path, a file:// URL and an S3
+object store (moto's server) through s3fs."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
+          "training.global_batch=16"]
+
+
+def run(tmp: Path, name: str, *overrides: str, env=None, expect: int = 0):
+    r = run_cli([*COMMON, *overrides], tmp / name, env=env, timeout=600)
+    assert r.returncode == expect, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def losses_by_step(run_dir: Path) -> dict:
+    """The loss each step ended with, taking a re-run step from its latest attempt."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    run(tmp, "ref", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=8")
+    return losses_by_step(tmp / "ref" / "run")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Two checkpoints at step 2: under (TP2, DP2) on a file:// URL, and under (PP2, TP2, DP2)."""
+    tmp = tmp_path_factory.mktemp("saved")
+    a, b = tmp / "ckpt_a", tmp / "ckpt_b"
+    run(tmp, "a", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "training.steps=2",
+        "training.checkpoint.every=2", f"training.checkpoint.dir=file://{a}")
+    run(tmp, "b", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2",
+        "training.steps=2", "training.checkpoint.every=2", f"training.checkpoint.dir={b}")
+    return {"a": a, "b": b}
+
+
+def _checkpoint_content(ckpt: Path, tmp: Path) -> dict:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp / "ckpt.pt"
+    dcp_to_torch_save(str(ckpt / "step_00000002"), str(out))
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("source,layout", [
+    ("a", ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.dp=4"]),
+    ("a", ["cluster.nodes=1", "hardware.gpus_per_node=1"]),
+    ("b", ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2"]),  # TP1 x DP2, PP1
+], ids=["TP2xDP2->DP4", "TP2xDP2->DP1", "PP2xTP2xDP2->TP1xDP2(PP1)"])
+def test_checkpoint_reshards_into_another_layout(tmp_path, saved, uninterrupted, source, layout):
+    dump = tmp_path / "dump"
+    url = f"file://{saved[source]}" if source == "a" else str(saved[source])
+    run(tmp_path, "load", *layout, "training.steps=3", f"training.checkpoint.dir={url}",
+        env={"ORCH_DUMP_AFTER_LOAD": str(dump)})
+    saved_state = _checkpoint_content(saved[source], tmp_path)
+    loaded = {"model": {}, "optim": {}}
+    for f in dump.glob("rank*.pt"):
+        part = torch.load(f, weights_only=False)
+        for k in loaded:
+            loaded[k].update(part[k])
+    assert set(loaded["model"]) == set(saved_state["model"])
+    for k, v in saved_state["model"].items():
+        assert torch.equal(loaded["model"][k], v), k
+    state = {k: v for k, v in saved_state["optim"].items() if k.startswith("state.")}
+    assert state and set(state) <= set(loaded["optim"])
+    for k, v in state.items():
+        assert torch.equal(torch.as_tensor(loaded["optim"][k]), torch.as_tensor(v)), k
+    # the next step's loss equals the uninterrupted run's
+    after = losses_by_step(tmp_path / "load" / "run")
+    assert list(after) == [2]
+    assert after[2] == pytest.approx(uninterrupted[2], rel=1e-5)
+
+
+def _samples(run_dir: Path) -> dict:
+    """step -> indices read, keeping for each step only the attempt that finished it."""
+    per_step: dict = {}
+    for f in (run_dir / "samples").glob("rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            per_step.setdefault(rec["step"], {}).setdefault(rec["attempt"], []).extend(rec["indices"])
+    return {s: by[max(by)] for s, by in per_step.items()}
+
+
+def test_node_loss_reforms_dp_and_resumes(tmp_path, uninterrupted):
+    r = run(tmp_path, "fo", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "training.steps=8",
+            "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=5")
+    rd = tmp_path / "fo" / "run"
+    (event,) = json.loads((rd / "failover.json").read_text())
+    assert event["node"] == 1 and "SIGKILL" in event["cause"]
+    assert event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2 and event["new_layout"]["tp"] == 2
+    assert event["resumed_from_step"] == 4 and event["steps_lost"] == event["failed_after_step"] - 4
+    assert "FAILOVER 1" in r.stdout
+    losses = losses_by_step(rd)
+    assert sorted(losses) == list(range(8))
+    # A reference run that switched to the smaller layout at the same checkpoint
+    ref_ckpt = tmp_path / "ref_ckpt"
+    ref_ckpt.mkdir()
+    shutil.copytree(rd / "checkpoints" / "step_00000004", ref_ckpt / "step_00000004")
+    run(tmp_path, "switch", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "training.steps=8",
+        f"training.checkpoint.dir={ref_ckpt}")
+    switched = losses_by_step(tmp_path / "switch" / "run")
+    for step in range(4, 8):
+        assert losses[step] == pytest.approx(switched[step], rel=1e-6)
+        assert losses[step] == pytest.approx(uninterrupted[step], rel=1e-5)
+    # every sample of the stream read exactly once by the steps that count
+    seen = [i for idx in _samples(rd).values() for i in idx]
+    assert sorted(seen) == list(range(8 * 16))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(rd / "tensorboard")).Reload()
+    assert "failover/dp" in acc.Tags()["scalars"]
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint_latest(tmp_path, uninterrupted):
+    run(tmp_path, "save", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "training.steps=6",
+        "training.checkpoint.every=2", "fault.kill_node=1", "fault.at_step=4", "fault.mode=during_save")
+    rd = tmp_path / "save" / "run"
+    (event,) = json.loads((rd / "failover.json").read_text())
+    assert event["resumed_from_step"] == 2 and event["new_layout"]["dp"] == 2
+    assert "resumed from" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
+    assert "step_00000002 (step 2" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
+    losses = losses_by_step(rd)
+    for step in range(6):
+        assert losses[step] == pytest.approx(uninterrupted[step], rel=1e-5)
+    from orchestrator.train.checkpoint import list_saves
+
+    assert all(ok for _, _, ok in list_saves(str(rd / "checkpoints")))  # the torn save was cleaned up
+
+
+def test_resume_with_a_changed_model_shape_is_refused(tmp_path):
+    ck = tmp_path / "ck"
+    run(tmp_path, "a", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=2",
+        "training.checkpoint.every=2", f"training.checkpoint.dir={ck}")
+    r = run(tmp_path, "b", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=3", "model.hidden=128",
+            f"training.checkpoint.dir={ck}", expect=2)
+    assert "model.hidden" in r.stderr and "nothing was launched" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "b" / "run" / "logs").exists()
+    r = run(tmp_path, "c", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=3",
+            "training.global_batch=32", f"training.checkpoint.dir={ck}", expect=2)
+    assert "training.global_batch" in r.stderr and "allow_batch_change" in r.stderr
+
+
+def test_checkpoint_on_an_s3_object_store(tmp_path, s3_server, uninterrupted):
+    url = f"{s3_server}/run1"
+    run(tmp_path, "a", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2", "training.steps=2",
+        "training.checkpoint.every=2", f"training.checkpoint.dir={url}")
+    run(tmp_path, "b", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2", "training.steps=3",
+        f"training.checkpoint.dir={url}")
+    assert losses_by_step(tmp_path / "b" / "run")[2] == pytest.approx(uninterrupted[2], rel=1e-5)
+    import fsspec
+
+    import os
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=os.environ["FSSPEC_S3_ENDPOINT_URL"])
+    assert fs.exists(f"{url}/step_00000002/COMPLETE")
