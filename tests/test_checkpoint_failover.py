@@ -155,10 +155,10 @@ def test_resume_with_a_changed_model_shape_is_refused(tmp_path):
     assert "training.global_batch" in r.stderr and "allow_batch_change" in r.stderr
 
 
-def test_checkpoint_on_an_s3_object_store(tmp_path, s3_server, uninterrupted):
+def test_async_checkpoint_on_an_s3_object_store(tmp_path, s3_server, uninterrupted):
     url = f"{s3_server}/run1"
     run(tmp_path, "a", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2", "training.steps=2",
-        "training.checkpoint.every=2", f"training.checkpoint.dir={url}")
+        "training.checkpoint.every=2", "training.checkpoint.async_save=true", f"training.checkpoint.dir={url}")
     run(tmp_path, "b", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2", "training.steps=3",
         f"training.checkpoint.dir={url}")
     assert losses_by_step(tmp_path / "b" / "run")[2] == pytest.approx(uninterrupted[2], rel=1e-5)

@@ -112,6 +112,7 @@ class CheckpointConfig:
     dir: Optional[str] = None  # fsspec URL; None = <run dir>/checkpoints
     every: int = 0  # save every N steps and at the end; 0 = no checkpoints
     keep: int = 2  # complete checkpoints kept (older ones are deleted)
+    async_save: bool = False  # write in the background; marked complete before the next save
 
 
 @dataclass

@@ -159,14 +159,14 @@ def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
                        ORCH_FAULT_STEP=str(fault_step))
         job = LocalJob(plan_dir, nodes=len(alive), gpus_per_node=gpn, env=env, echo=echo)
         job.start()
-        state = {"killed_at": None}
+        state = {"killed_at": None, "killed_wall": None}
 
         def on_poll(j, attempt=attempt):
             if armed and cfg.fault.mode != "during_save" and state["killed_at"] is None:
                 if _last_step(out_dir, attempt) + 1 >= fault_step:
                     print(f"fault injection: killing every process of node {cfg.fault.kill_node} "
                           f"after step {fault_step}", flush=True)
-                    state["killed_at"] = time.monotonic()
+                    state["killed_at"], state["killed_wall"] = time.monotonic(), time.time()
                     j.kill_node(alive.index(cfg.fault.kill_node))
 
         t_start = time.monotonic()
@@ -206,6 +206,7 @@ def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
             "steps_lost": max(steps_done - resume_from, 0),
             "seconds": {"detection": (t_fail - state["killed_at"]) if state["killed_at"] else None,
                         "replan": replan_s, "run_before_failure": t_fail - t_start},
+            "killed_at": state["killed_wall"], "relaunched_at": time.time(),
         }
         events.append(event)
         _write_events(out_dir, events)

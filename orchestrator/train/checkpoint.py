@@ -108,8 +108,37 @@ def state_dicts(parts, optimizers) -> tuple[dict, dict]:
     return model, optim
 
 
-def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: int, fault_hook=None) -> None:
-    """Save collectively; mark complete only after every rank has written."""
+class PendingSave:
+    """An asynchronous save in flight: `finish()` waits for every rank, then marks it complete."""
+
+    def __init__(self, future, url: str, step: int, meta: dict, rank: int, keep: int):
+        self.future, self.url, self.step, self.meta, self.rank, self.keep = future, url, step, meta, rank, keep
+
+    def finish(self) -> None:
+        import torch.distributed as dist
+
+        if self.future is not None:
+            self.future.result()
+        dist.barrier()
+        if self.rank == 0:
+            _mark_complete(self.url, self.step, self.meta, self.keep)
+        dist.barrier()
+
+
+def _mark_complete(url: str, step: int, meta: dict, keep: int) -> None:
+    fs, p = _fs(step_dir(url, step))
+    with fs.open(f"{p}/meta.json", "w") as f:
+        json.dump(meta, f, indent=1)
+    with fs.open(f"{p}/{MARKER}", "w") as f:
+        f.write(str(step))
+    clean_incomplete(url, keep=keep)
+
+
+def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: int, fault_hook=None,
+         asynchronous: bool = False, group=None) -> PendingSave:
+    """Save collectively; mark complete only after every rank has written. With
+    `asynchronous`, the state is staged and written in the background: call
+    `finish()` on the result before the next save (the worker does)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
@@ -121,16 +150,16 @@ def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: in
     model, optim = state_dicts(parts, optimizers)
     if fault_hook is not None:
         fault_hook()  # fault injection: die in the middle of a save
+    if asynchronous:
+        # The background save talks on its own process group: sharing the training group
+        # from another thread interleaves collectives (gloo aborts on the mismatch).
+        future = dcp.async_save({"model": model, "optim": optim}, storage_writer=FsspecWriter(path),
+                                process_group=group)
+        return PendingSave(future, url, step, meta, rank, keep)
     dcp.save({"model": model, "optim": optim}, storage_writer=FsspecWriter(path))
-    dist.barrier()
-    if rank == 0:
-        fs, p = _fs(path)
-        with fs.open(f"{p}/meta.json", "w") as f:
-            json.dump(meta, f, indent=1)
-        with fs.open(f"{p}/{MARKER}", "w") as f:
-            f.write(str(step))
-        clean_incomplete(url, keep=keep)
-    dist.barrier()
+    pending = PendingSave(None, url, step, meta, rank, keep)
+    pending.finish()
+    return pending
 
 
 def load(url: str, step: int, parts, optimizers) -> None:

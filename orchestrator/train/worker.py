@@ -153,6 +153,8 @@ def train(plan_dir: Path) -> dict:
     tokens_per_step = tr.global_batch * tr.seq_len
     history = {"loss": [], "step_time_s": []}
     every = tr.checkpoint.every
+    pending = None
+    ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
     for step in range(start_step, tr.steps):
         idx = data.indices(step, tr.global_batch, dp_total, dp_rank)
         tokens = data.batch(idx).to(device)
@@ -206,8 +208,15 @@ def train(plan_dir: Path) -> dict:
                     "model": plan["config"]["model"],
                     "training": {k: plan["config"]["training"][k] for k in ("global_batch", "seq_len", "seed")},
                     "layout": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")}, "plan": plan}
-            ckpt.save(url, step + 1, parts, opts, meta, rank, keep=tr.checkpoint.keep,
-                      fault_hook=fault if fault and step + 1 == fault.step else None)
+            if pending is not None:
+                pending.finish()
+            pending = ckpt.save(url, step + 1, parts, opts, meta, rank, keep=tr.checkpoint.keep,
+                                fault_hook=fault if fault and step + 1 == fault.step else None,
+                                asynchronous=tr.checkpoint.async_save, group=ckpt_group)
+            if not tr.checkpoint.async_save:
+                pending = None
+    if pending is not None:
+        pending.finish()
     log.close()
     if rank == 0:
         (run_dir / "metrics.json").write_text(json.dumps({
