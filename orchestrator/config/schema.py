@@ -166,6 +166,7 @@ class ScheduleConfig:
 @dataclass
 class LauncherConfig:
     name: str = "dry"  # dry | local | slurm
+    job_name: str = "orchestrator"
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -174,7 +175,12 @@ class LauncherConfig:
     exclude: Optional[str] = None
     setup: List[str] = field(default_factory=list)
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    wait: bool = False
+    wait: bool = False  # follow the job, stream progress, own node failures
+    cpus_per_task: int = 1
+    gpus_per_node_gres: bool = True  # request --gpus-per-node (the GRES)
+    signal_delay_s: int = 60  # SIGUSR2 this long before the time limit: save and requeue
+    max_requeues: int = 3  # preemptions / time-outs before the job stops requeuing itself
+    node_fail_wait_s: float = 60.0  # how long a failed job's nodes are watched for going down
 
 
 @dataclass

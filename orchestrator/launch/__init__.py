@@ -19,6 +19,9 @@ def launch(plan, cfg, out_dir: Path) -> int:
         print(f"\ndone: TensorBoard logs in {out_dir / 'tensorboard'}, "
               f"metrics in {out_dir / 'metrics.json'}, plan and pictures in {out_dir}")
         return 0
-    print(f"launcher={name} is not available yet in this version: the plan was written to {out_dir}; "
-          f"use launcher=dry or launcher=local.", file=sys.stderr)
+    if name == "slurm":
+        from orchestrator.launch.slurm import launch_slurm
+
+        return launch_slurm(plan, cfg, out_dir)
+    print(f"launcher.name={name!r} is unknown: use dry, local or slurm.", file=sys.stderr)
     return 2

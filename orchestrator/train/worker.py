@@ -79,7 +79,9 @@ class Logger:
             self.writer.close()
 
 
-def train(plan_dir: Path) -> dict:
+def train(plan_dir: Path, should_stop=None) -> dict:
+    """Train on the plan in plan_dir. `should_stop()` (SLURM preemption) is polled at
+    every step boundary; when any rank says so, all save a checkpoint and return."""
     plan = json.loads((plan_dir / "plan.json").read_text())
     run_dir = Path(os.environ.get("ORCH_RUN_DIR", plan_dir))
     attempt = int(os.environ.get("ORCH_ATTEMPT", "0"))
@@ -204,10 +206,7 @@ def train(plan_dir: Path) -> dict:
                 f.write(json.dumps({"step": step, "loss": mean_loss, "step_time_s": dt, "attempt": attempt,
                                     "dp": lay["dp"], "time": time.time()}) + "\n")
         if every and ((step + 1) % every == 0 or step + 1 == tr.steps):
-            meta = {"step": step + 1, "samples_consumed": (step + 1) * tr.global_batch,
-                    "model": plan["config"]["model"],
-                    "training": {k: plan["config"]["training"][k] for k in ("global_batch", "seq_len", "seed")},
-                    "layout": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")}, "plan": plan}
+            meta = _meta(plan, step + 1)
             if pending is not None:
                 pending.finish()
             pending = ckpt.save(url, step + 1, parts, opts, meta, rank, keep=tr.checkpoint.keep,
@@ -215,6 +214,20 @@ def train(plan_dir: Path) -> dict:
                                 asynchronous=tr.checkpoint.async_save, group=ckpt_group)
             if not tr.checkpoint.async_save:
                 pending = None
+        if should_stop is not None and step + 1 < tr.steps:
+            flag = torch.tensor([1.0 if should_stop() else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                if pending is not None:
+                    pending.finish()
+                    pending = None
+                if ckpt.latest_complete(url) != step + 1:
+                    ckpt.save(url, step + 1, parts, opts, _meta(plan, step + 1), rank, keep=tr.checkpoint.keep)
+                if rank == 0:
+                    print(f"stopping after step {step + 1} on request (preemption or time limit); checkpoint "
+                          f"saved", flush=True)
+                history["stopped"] = True
+                break
     if pending is not None:
         pending.finish()
     log.close()
@@ -227,6 +240,14 @@ def train(plan_dir: Path) -> dict:
     dist.barrier()  # DCP and gloo exit cleanly only after everyone is done (torch-cpu notes)
     dist.destroy_process_group()
     return history
+
+
+def _meta(plan: dict, next_step: int) -> dict:
+    """What a checkpoint records besides tensors: the data position, shape, batch and plan."""
+    tr, lay = plan["config"]["training"], plan["layout"]
+    return {"step": next_step, "samples_consumed": next_step * tr["global_batch"], "model": plan["config"]["model"],
+            "training": {k: tr[k] for k in ("global_batch", "seq_len", "seed")},
+            "layout": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")}, "plan": plan}
 
 
 def _dump_full_state(out: Path, rank: int, parts, opts) -> None:
