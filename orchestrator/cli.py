@@ -84,6 +84,12 @@ def main() -> None:
     import hydra
 
     _register()
+    args = sys.argv[1:]
+    if "-m" in args or "--multirun" in args:
+        # Sweeps are planned point by point before anything runs (launch/sweep.py).
+        from orchestrator.launch.sweep import run_sweep
+
+        sys.exit(run_sweep([a for a in args if a not in ("-m", "--multirun")]))
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg) -> None:

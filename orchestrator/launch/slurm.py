@@ -75,7 +75,8 @@ class TrainingJob:
                 f"before any training. Re-plan for this allocation or submit with the plan's.")
         os.environ.update(RANK=str(env.global_rank), WORLD_SIZE=str(env.num_tasks), LOCAL_RANK=str(env.local_rank),
                           LOCAL_WORLD_SIZE=str(gpn), MASTER_ADDR=env.hostnames[0],
-                          MASTER_PORT=str(15000 + int(str(env.job_id).split("_")[0]) % 20000),
+                          # SLURM_JOB_ID is unique per array task (submitit's job_id is "array_task")
+                          MASTER_PORT=str(15000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000),
                           ORCH_RUN_DIR=self.run_dir, ORCH_ATTEMPT=str(self.attempt), OMP_NUM_THREADS="1",
                           TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         # submitit's handler requeues from rank 0 only; first every rank must save together.
@@ -164,7 +165,7 @@ class _Tail:
         with open(path) as f:
             f.seek(self.pos.get(str(path), 0))
             for line in f:
-                if line.startswith("step ") or "resumed" in line or "Error" in line:
+                if line.startswith(("step ", "stopping")) or "resumed" in line or "Error" in line:
                     print(f"[slurm rank0] {line}", end="", flush=True)
             self.pos[str(path)] = f.tell()
 
@@ -242,6 +243,9 @@ def watch(job, cfg, plan, out_dir: Path, poll_s: float = 2.0) -> int:
             plan_dir = out_dir / f"attempt{attempt}"
             write_plan(rp.plan, plan_dir, figures=False)
             resume_from = ckpt.latest_complete(url) or 0
+            from orchestrator.launch.failover import _last_step
+
+            done = max(_last_step(out_dir, a) for a in range(attempt)) + 1
             event = {"attempt": attempt - 1, "time": time.time(), "node": lost[0], "nodes_lost": lost,
                      "job_id": job.job_id, "state": state,
                      "old_layout": {"nodes": len(nodes), "dp": cur_plan.degrees.dp, "tp": cur_plan.degrees.tp,
@@ -249,7 +253,8 @@ def watch(job, cfg, plan, out_dir: Path, poll_s: float = 2.0) -> int:
                      "new_layout": {"nodes": rp.nodes, "dp": rp.plan.degrees.dp, "tp": rp.plan.degrees.tp,
                                     "pp": rp.plan.degrees.pp, "cp": rp.plan.degrees.cp},
                      "changes": rp.changes, "spare_gpus": rp.spares_gpus, "exclude": excluded,
-                     "resumed_from_step": resume_from}
+                     "failed_after_step": done, "resumed_from_step": resume_from,
+                     "steps_lost": max(done - resume_from, 0)}
             events.append(event)
             _write_events(out_dir, events)
             _tensorboard_event(out_dir, event, len(events))
