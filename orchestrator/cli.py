@@ -85,7 +85,8 @@ def main() -> None:
 
     _register()
     args = sys.argv[1:]
-    if "-m" in args or "--multirun" in args:
+    plugin = any(a.startswith("hydra/launcher=") for a in args)  # e.g. submitit_slurm: Hydra runs the sweep
+    if ("-m" in args or "--multirun" in args) and not plugin:
         # Sweeps are planned point by point before anything runs (launch/sweep.py).
         from orchestrator.launch.sweep import run_sweep
 

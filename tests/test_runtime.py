@@ -63,7 +63,8 @@ def test_tensorboard_events_hold_the_scalars(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tb" / "run" / "tensorboard")).Reload()
     tags = set(acc.Tags()["scalars"])
     for tag in ("loss/train", "time/step_s", "throughput/tokens_per_s", "perf/tflops_per_gpu",
-                "perf/tflops_per_gpu_predicted", "perf/mfu", "perf/mfu_predicted", "memory/max_rss_mb"):
+                "perf/tflops_per_gpu_predicted", "perf/mfu", "perf/mfu_predicted", "memory/max_rss_mb",
+                "memory/rank0_mb", "memory/rank1_mb"):
         assert tag in tags, tag
     assert len(acc.Scalars("loss/train")) == 4
     assert "plan/text_summary" in acc.Tags()["tensors"]  # the plan itself, as text

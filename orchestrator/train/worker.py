@@ -148,7 +148,15 @@ def train(plan_dir: Path, should_stop=None) -> dict:
                   f"TP{meta['layout']['tp']} CP{meta['layout']['cp']} PP{meta['layout']['pp']} "
                   f"DP{meta['layout']['dp']} -> TP{tp} CP{cp} PP{pp} DP{lay['dp']}) in "
                   f"{time.perf_counter() - t_load:.2f} s", flush=True)
-    torch.manual_seed(tr.seed + start_step)  # the RNG stream is a function of (seed, step)
+    if latest is not None and "rng_state" in meta:
+        import base64
+
+        import numpy as np
+
+        buf = np.frombuffer(base64.b64decode(meta["rng_state"]), dtype=np.uint8).copy()
+        torch.random.set_rng_state(torch.from_numpy(buf))  # every rank continues rank 0's stream
+    else:
+        torch.manual_seed(tr.seed + start_step)
     fault = _fault_hook(rank, grid, plan)
     ctx = loss_parallel if tp > 1 else contextlib.nullcontext
     peak = hw.peak_tflops * 1e12
@@ -190,8 +198,11 @@ def train(plan_dir: Path, should_stop=None) -> dict:
         dist.all_reduce(agg)
         mean_loss = (agg[0] / agg[1]).item()
         dt = time.perf_counter() - t0
-        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
-        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+        rss_local = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+        if device.type == "cuda":
+            rss_local[0] = torch.cuda.max_memory_allocated(device) / 2**20
+        rss = [torch.zeros_like(rss_local) for _ in range(world)]
+        dist.all_gather(rss, rss_local)
         history["loss"].append(mean_loss)
         history["step_time_s"].append(dt)
         mfu = plan["model_flops_per_step"] / (world * peak * dt)
@@ -199,7 +210,9 @@ def train(plan_dir: Path, should_stop=None) -> dict:
             "loss/train": mean_loss, "time/step_s": dt, "throughput/tokens_per_s": tokens_per_step / dt,
             "perf/tflops_per_gpu": mfu * hw.peak_tflops, "perf/tflops_per_gpu_predicted": plan["tflops_per_gpu"],
             "perf/mfu": mfu, "perf/mfu_predicted": plan["mfu"], "time/step_s_predicted": plan["step"]["wall_s"],
-            "memory/max_rss_mb": float(rss.item()),
+            "memory/max_rss_mb": max(float(x) for x in rss),
+            # per rank (peak host RSS on CPU, peak allocated device memory on GPU), the first 64 ranks
+            **{f"memory/rank{r}_mb": float(x) for r, x in enumerate(rss[:64])},
         }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps)
         if rank == 0:
             with open(run_dir / "metrics.jsonl", "a") as f:
@@ -243,9 +256,13 @@ def train(plan_dir: Path, should_stop=None) -> dict:
 
 
 def _meta(plan: dict, next_step: int) -> dict:
-    """What a checkpoint records besides tensors: the data position, shape, batch and plan."""
+    """What a checkpoint records besides tensors: the data position, RNG state, shape, batch and plan."""
+    import base64
+
     tr, lay = plan["config"]["training"], plan["layout"]
-    return {"step": next_step, "samples_consumed": next_step * tr["global_batch"], "model": plan["config"]["model"],
+    rng = base64.b64encode(torch.random.get_rng_state().numpy().tobytes()).decode()
+    return {"step": next_step, "rng_state": rng, "samples_consumed": next_step * tr["global_batch"],
+            "model": plan["config"]["model"],
             "training": {k: tr[k] for k in ("global_batch", "seq_len", "seed")},
             "layout": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")}, "plan": plan}
 
