@@ -11,7 +11,6 @@ Run: .venv/bin/python benchmarks/failover_time.py
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

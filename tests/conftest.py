@@ -24,6 +24,29 @@ def run_cli(args: list[str], tmp_path: Path, env: dict | None = None, timeout: i
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
 
 
+def losses_by_step(run_dir: Path) -> dict:
+    """The loss each step ended with (metrics.jsonl), a re-run step taken from its latest attempt."""
+    import json
+
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+def samples_read(run_dir: Path) -> list[int]:
+    """Every sample index the steps that count read (each step from the attempt that finished it)."""
+    import json
+
+    per_step: dict = {}
+    for f in (run_dir / "samples").glob("rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            per_step.setdefault(rec["step"], {}).setdefault(rec["attempt"], []).extend(rec["indices"])
+    return sorted(i for by in per_step.values() for i in by[max(by)])
+
+
 @pytest.fixture
 def cli(tmp_path):
     def _run(*args, **kw):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import losses_by_step, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16"]
@@ -19,15 +19,6 @@ def run(tmp: Path, name: str, *overrides: str, env=None, expect: int = 0):
     r = run_cli([*COMMON, *overrides], tmp / name, env=env, timeout=600)
     assert r.returncode == expect, r.stdout[-3000:] + r.stderr[-3000:]
     return r
-
-
-def losses_by_step(run_dir: Path) -> dict:
-    """The loss each step ended with, taking a re-run step from its latest attempt."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -86,16 +77,6 @@ def test_checkpoint_reshards_into_another_layout(tmp_path, saved, uninterrupted,
     assert after[2] == pytest.approx(uninterrupted[2], rel=1e-5)
 
 
-def _samples(run_dir: Path) -> dict:
-    """step -> indices read, keeping for each step only the attempt that finished it."""
-    per_step: dict = {}
-    for f in (run_dir / "samples").glob("rank*.jsonl"):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            per_step.setdefault(rec["step"], {}).setdefault(rec["attempt"], []).extend(rec["indices"])
-    return {s: by[max(by)] for s, by in per_step.items()}
-
-
 def test_node_loss_reforms_dp_and_resumes(tmp_path, uninterrupted):
     r = run(tmp_path, "fo", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "training.steps=8",
             "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=5")
@@ -118,8 +99,7 @@ def test_node_loss_reforms_dp_and_resumes(tmp_path, uninterrupted):
         assert losses[step] == pytest.approx(switched[step], rel=1e-6)
         assert losses[step] == pytest.approx(uninterrupted[step], rel=1e-5)
     # every sample of the stream read exactly once by the steps that count
-    seen = [i for idx in _samples(rd).values() for i in idx]
-    assert sorted(seen) == list(range(8 * 16))
+    assert samples_read(rd) == list(range(8 * 16))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(rd / "tensorboard")).Reload()

@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, losses_by_step, run_cli, samples_read
 
 SCRIPT = ROOT / "slurm" / "local-cluster.sh"
 COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "training.global_batch=16"]
@@ -51,14 +50,6 @@ def reference(tmp_path_factory):
     return [json.loads(x)["loss"] for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
 
 
-def losses(run_dir: Path) -> dict:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]
-    return out
-
-
 def test_three_axis_job_matches_the_local_launcher(cluster, tmp_path):
     layout = ["cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2", "layout.dp=2",
               "training.steps=4"]
@@ -67,7 +58,7 @@ def test_three_axis_job_matches_the_local_launcher(cluster, tmp_path):
     assert "submitted SLURM job" in r.stdout and "completed" in r.stdout
     local = run_cli([*COMMON, *layout, "launcher=local"], tmp_path / "local", timeout=600)
     assert local.returncode == 0
-    a, b = losses(tmp_path / "slurm" / "run"), losses(tmp_path / "local" / "run")
+    a, b = losses_by_step(tmp_path / "slurm" / "run"), losses_by_step(tmp_path / "local" / "run")
     assert list(a.values()) == pytest.approx(list(b.values()), rel=1e-6)
     job = json.loads((tmp_path / "slurm" / "run" / "slurm_jobs.jsonl").read_text().splitlines()[0])
     state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job["job_id"], "-o", "State,NNodes,NTasks"],
@@ -115,7 +106,7 @@ def test_preempted_job_requeues_and_finishes_from_its_checkpoint(cluster, tmp_pa
     assert proc.returncode == 0, out[-3000:]
     assert json.loads((run / "requeues.json").read_text())["count"] == 1
     assert "resumed from" in out
-    got = losses(run)
+    got = losses_by_step(run)
     assert sorted(got) == list(range(30))
     assert [got[s] for s in range(30)] == pytest.approx(reference[:30], rel=1e-5)
 
@@ -140,15 +131,9 @@ def test_node_failure_reforms_on_the_survivors(cluster, tmp_path, reference):
     (event,) = json.loads((run / "failover.json").read_text())
     assert event["node"] == "node2" and event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
     assert "node2" in event["exclude"]
-    got = losses(run)
+    got = losses_by_step(run)
     assert [got[s] for s in range(40)] == pytest.approx(reference, rel=1e-5)
-    per_step: dict = {}
-    for f in (run / "samples").glob("rank*.jsonl"):
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            per_step.setdefault(r["step"], {}).setdefault(r["attempt"], []).extend(r["indices"])
-    seen = sorted(i for by in per_step.values() for i in by[max(by)])
-    assert seen == list(range(40 * 16))  # none lost, none repeated
+    assert samples_read(run) == list(range(40 * 16))  # none lost, none repeated
 
 
 def test_allocation_that_does_not_match_the_plan_stops_before_training(cluster, tmp_path):

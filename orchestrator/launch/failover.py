@@ -138,7 +138,7 @@ def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
 
     problems = preflight(cfg, out_dir)
     if problems:
-        print(f"\nREJECTED: cannot resume from the checkpoint; nothing was launched.", file=sys.stderr)
+        print("\nREJECTED: cannot resume from the checkpoint; nothing was launched.", file=sys.stderr)
         for p in problems:
             print(f"  - {p}", file=sys.stderr)
         return 2

@@ -34,8 +34,6 @@ def _resources(cfg) -> tuple:
 
 
 def run_sweep(args: list[str]) -> int:
-    from omegaconf import OmegaConf
-
     from orchestrator.cli import compose, write_plan
     from orchestrator.plan import make_plan
 

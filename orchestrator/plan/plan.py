@@ -177,7 +177,6 @@ def _judge_memory(plan, spec, d: Degrees, mem: Memory) -> None:
         return
     parts = ", ".join(f"{k} {getattr(mem, k) / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations", "other"))
     fixes = []
-    tr = spec.training
     for key, value in (("training.recompute", "selective"), ("training.recompute", "full"), ("layout.zero", 3)):
         alt = _with(spec, key, value)
         if alt is None:

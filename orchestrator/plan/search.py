@@ -171,7 +171,7 @@ def _row(rank: int, plan) -> dict:
 
 def search(spec, refine_top: int = 5):
     """Plan every candidate; return the best plan with the ranking in `plan.search`."""
-    from orchestrator.plan.plan import Plan, plan_spec
+    from orchestrator.plan.plan import Plan
 
     mm = ModelMath(spec.model)
     cands = candidates(spec)

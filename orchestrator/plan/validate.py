@@ -252,7 +252,7 @@ def validate(spec) -> tuple[Degrees | None, list[Problem], list[str]]:
             P(Problem("training.global_batch, layout.dp, training.micro_batch",
                       f"global_batch {B} is not a multiple of dp {dp} x micro_batch {b} = {dp * b}.",
                       f"use training.global_batch={lo} or {hi}" +
-                      (f", or training.micro_batch=1" if b > 1 and B % dp == 0 else "") + "."))
+                      (", or training.micro_batch=1" if b > 1 and B % dp == 0 else "") + "."))
         else:
             mb = B // (dp * b)
             if spec.schedule.microbatches not in (None, mb):

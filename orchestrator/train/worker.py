@@ -136,8 +136,8 @@ def train(plan_dir: Path, should_stop=None) -> dict:
         problems = ckpt.compatibility_problems(meta, plan["config"]["model"], plan["config"]["training"])
         if problems:
             raise SystemExit("cannot resume: " + "; ".join(f"[{k}] {m}" for k, m in problems) +
-                             f". Fix: point training.checkpoint.dir elsewhere, or set "
-                             f"training.resume.allow_batch_change=true for a batch change.")
+                             ". Fix: point training.checkpoint.dir elsewhere, or set "
+                             "training.resume.allow_batch_change=true for a batch change.")
         t_load = time.perf_counter()
         ckpt.load(url, latest, parts, opts)
         start_step = meta["step"]
