@@ -205,8 +205,9 @@ def watch(job, cfg, plan, out_dir: Path, poll_s: float = 2.0) -> int:
         if state in ("RUNNING", "COMPLETING") and not ran_on:
             ran_on = _job_nodes(job.job_id)
         if state == "COMPLETED":
-            fresh = submitit.SlurmJob(folder=job.paths.folder, job_id=job.job_id, tasks=job.num_tasks and
-                                      tuple(range(job.num_tasks)) or (0,))
+            # a fresh object for this attempt's folder: never a stale result of an earlier job
+            tasks = tuple(range(cur_cfg.cluster.nodes * cur_cfg.hardware.gpus_per_node))
+            fresh = submitit.SlurmJob(folder=job.paths.folder, job_id=job.job_id, tasks=tasks)
             tail(Path(str(job.paths.stdout)))
             try:
                 fresh.results()

@@ -101,13 +101,12 @@ class Traffic:
     ep: tuple[float, float]
 
 
-def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, peak_tflops: float, sp: bool,
-                  hbm_gbps: float = 3350.0) -> Traffic:
+def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, hw) -> Traffic:
     t, c = d.tp, d.cp
     s, b = tr.seq_len, tr.micro_batch
     tokens = s / c * b
     full = tr.recompute == "full"
-    compute = st.hw_flops_tok * tokens / t / (peak_tflops * 1e12)
+    compute = st.hw_flops_tok * tokens / t / (hw.peak_tflops * 1e12)
     n = len(st.layers)
     if not tr.flash_attention:
         # Without flash attention the score matrix goes through HBM, in bytes per element:
@@ -117,7 +116,7 @@ def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, peak_tflops: float, 
         fwd = 8 + (5 if mm.dropout else 0)
         per_element = fwd + (fwd + 4) + (fwd if full else 0)
         score_bytes = n * mm.heads / min(t, mm.heads) * tokens * s * per_element
-        compute += score_bytes / (hbm_gbps * 1e9)
+        compute += score_bytes / (hw.hbm_gbps * 1e9)
     tp = (n * (6 if full else 4), 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
     if c > 1:
         if mm.mla:
@@ -142,7 +141,7 @@ def _time(calls: float, nbytes: float, tier: Tier) -> float:
 def axis_traffic(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool) -> dict[str, AxisReport]:
     """Calls and bytes per step per GPU for every axis (no tiers yet: the order needs these)."""
     m, v, p = d.microbatches, d.vp, d.pp
-    tr_by = [stage_traffic(st, d, mm, tr, hw.peak_tflops, sp, hw.hbm_gbps) for st in stages]
+    tr_by = [stage_traffic(st, d, mm, tr, hw) for st in stages]
     j = max(range(len(stages)), key=lambda i: tr_by[i].compute_s)
     tj = tr_by[j]
     out: dict[str, AxisReport] = {}
@@ -181,12 +180,12 @@ def auto_order(axes: dict[str, AxisReport]) -> list[str]:
     return [next(ranked) if a in {x.name for x in live} else a for a in ("tp", "cp", "ep", "pp", "dp")]
 
 
-def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool,
+def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw,
               axes: dict[str, AxisReport], tiers: dict[str, Tier]) -> Step:
     m = d.microbatches
     per_mb = []
     for st in stages:
-        tt = stage_traffic(st, d, mm, tr, hw.peak_tflops, sp, hw.hbm_gbps)
+        tt = stage_traffic(st, d, mm, tr, hw)
         tp = _time(*tt.tp, tiers["tp"])
         cp = _time(*tt.cp, tiers["cp"])
         ep = _time(*tt.ep, tiers["ep"])

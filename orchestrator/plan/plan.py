@@ -128,7 +128,7 @@ def plan_spec(spec, order_override: list[str] | None = None, mm: ModelMath | Non
         a.tier, a.gbps, a.latency_us = tier.name, tier.gbps, tier.latency_us
         a.groups = grid.world // max(int(np.prod([grid.sizes[x] for x in group])), 1)
         a.straddling_groups = int(grid.straddling(group, hw.gpus_per_node).sum())
-    step = step_time(stages, degrees, mm, tr, hw, sp, axes, tiers)
+    step = step_time(stages, degrees, mm, tr, hw, axes, tiers)
     memory = inventory(stages, degrees, hw, tr, mm.V)
     plan.degrees, plan.order, plan.axes, plan.step, plan.memory = degrees, order, axes, step, memory
 
