@@ -171,8 +171,10 @@ def load(url: str, step: int, parts, optimizers) -> None:
     model, optim = state_dicts(parts, optimizers)
     state = {"model": model, "optim": optim}
     dcp.load(state, storage_reader=FsspecReader(step_dir(url, step)))
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     for (_, part), opt in zip(parts, optimizers):
-        names = set(part.state_dict().keys())
+        names = set(get_model_state_dict(part, options=_options()).keys())  # wrapper-free names
         set_model_state_dict(part, {k: v for k, v in state["model"].items() if k in names}, options=_options())
         mine = {k: v for k, v in state["optim"].items() if k.split(".", 1)[1].rsplit(".", 1)[0] in names}
         set_optimizer_state_dict(part, opt, mine, options=_options())

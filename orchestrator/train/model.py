@@ -75,6 +75,21 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
+class AttentionCore(nn.Module):
+    """softmax(q k^T) v with the causal (or CP) mask; no parameters, so selective recompute
+    can checkpoint exactly this part."""
+
+    def forward(self, q, k, v, mask=None):
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class SwiGLU(nn.Module):
+    def forward(self, gate, up):
+        return F.silu(gate) * up
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -84,6 +99,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * self.hd, bias=False)
         self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * self.hd, bias=False)
         self.wo = nn.Linear(cfg.heads * self.hd, cfg.hidden, bias=False)
+        self.core = AttentionCore()
         self.cp_group = None  # set by the runtime when context parallelism is on
         self.cp = 1
         self.cp_rank = 0
@@ -101,14 +117,13 @@ class Attention(nn.Module):
             k, v = _GatherSeq.apply(k, self.cp_group), _GatherSeq.apply(v, self.cp_group)
             kpos = torch.cat([cp_positions(full, self.cp, r) for r in range(self.cp)])
             mask = (kpos[None, :] <= qpos[:, None]).to(x.device)
+        else:
+            mask = None
         rep = q.shape[2] // k.shape[2]
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.cp > 1:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o = self.core(q, k, v, mask)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -118,9 +133,10 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)  # gate
         self.w3 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)  # up
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)  # down
+        self.act = SwiGLU()
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x), self.w3(x)))
 
 
 class Block(nn.Module):

@@ -67,6 +67,27 @@ def apply_cp(model: Transformer, group, cp: int, cp_rank: int) -> None:
         block.attention.cp_group, block.attention.cp, block.attention.cp_rank = group, cp, cp_rank
 
 
+def apply_recompute(model: Transformer, mode: str) -> None:
+    """Activation checkpointing as the plan counts it: `full` keeps only each block's input
+    and re-runs the block in backward; `selective` re-runs the norms, the attention core and
+    the SwiGLU activation (the cheap, activation-heavy parts). Checkpoint wrappers do not
+    change the state-dict names the DCP helpers report."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    def wrap(m):
+        return checkpoint_wrapper(m, preserve_rng_state=False)
+
+    for key, block in list(model.layers.items()):
+        if mode == "full":
+            model.layers[key] = wrap(block)
+        else:
+            block.attention_norm, block.ffn_norm = wrap(block.attention_norm), wrap(block.ffn_norm)
+            block.attention.core = wrap(block.attention.core)
+            block.feed_forward.act = wrap(block.feed_forward.act)
+
+
 def apply_fsdp(model: Transformer, dp_mesh, reshard_after_forward: bool, mp: MixedPrecisionPolicy | None) -> None:
     kw = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward}
     if mp is not None:
@@ -77,7 +98,7 @@ def apply_fsdp(model: Transformer, dp_mesh, reshard_after_forward: bool, mp: Mix
 
 
 def build_model_parts(model_cfg, layout: dict, mesh, coords: dict, seed: int, loss_parallel: bool,
-                      device: torch.device, mp: MixedPrecisionPolicy | None):
+                      device: torch.device, mp: MixedPrecisionPolicy | None, recompute: str = "none"):
     """The model parts (virtual pipeline stages) this rank runs, parallelised, with stage ids."""
     pp, vp, schedule = layout["pp"], layout["vp"], layout["schedule"]
     torch.manual_seed(seed)  # every rank builds the same full model, then keeps its share
@@ -100,6 +121,7 @@ def build_model_parts(model_cfg, layout: dict, mesh, coords: dict, seed: int, lo
             apply_tp(part, mesh["tp"], loss_parallel)
         if cp > 1:
             apply_cp(part, mesh["cp"].get_group(), cp, coords["cp"])
+        apply_recompute(part, recompute)
         if dp_mesh is not None:
             apply_fsdp(part, dp_mesh, reshard_after_forward=pp == 1, mp=mp)
     return parts

@@ -108,7 +108,8 @@ def train(plan_dir: Path, should_stop=None) -> dict:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    parts = build_model_parts(cfg.model, lay, mesh, coords, tr.seed, loss_parallel=tp > 1, device=device, mp=mp)
+    parts = build_model_parts(cfg.model, lay, mesh, coords, tr.seed, loss_parallel=tp > 1, device=device, mp=mp,
+                              recompute=tr.recompute)
     # One optimizer per model part (virtual stage), as torchtitan does: each part's
     # state dict then holds exactly its own parameters' names.
     opts = [torch.optim.AdamW(part.parameters(), lr=tr.lr, betas=(0.9, 0.95), eps=getattr(tr, "adam_eps", 1e-8),
