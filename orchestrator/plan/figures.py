@@ -43,7 +43,7 @@ def draw_cluster(plan, axis: str = "tp", max_nodes: int = 64):
     outlined = sorted({int(n) for gi in np.nonzero(straddle)[0] for n in np.unique(groups[gi] // gpn)})
     outlined_shown = [n for n in outlined if n < shown]
 
-    fig, ax = plt.subplots(figsize=(max(4, gpn * 0.45 + 1.5), max(2.5, shown * 0.28 + 1.2)))
+    fig, ax = plt.subplots(figsize=(max(5.5, gpn * 0.45 + 1.5), max(2.5, shown * 0.28 + 1.4)))
     img = np.full((shown, gpn), np.nan)
     for n in range(shown):
         for g in range(gpn):
@@ -61,9 +61,10 @@ def draw_cluster(plan, axis: str = "tp", max_nodes: int = 64):
     ax.set_ylabel("node")
     d = plan.degrees
     ax.set_title(f"{axis.upper()} groups (size {grid.sizes.get(axis, 1) if axis != 'dp' else d.dp * d.cp}), "
-                 f"order {'-'.join(plan.order)}; red = node straddled by a group"
+                 f"order {'-'.join(plan.order)}\nred outline = a node that a group straddles"
                  + (f" (first {shown} of {nodes} nodes)" if shown < nodes else ""), fontsize=8)
     ax.set_xticks(range(gpn))
+    ax.set_yticks(range(0, shown, max(1, shown // 16)))
     fig.tight_layout()
     data = {"axis": axis, "nodes_shown": shown, "outlined_nodes": outlined_shown,
             "straddling_groups": int(straddle.sum()), "groups": len(groups)}
