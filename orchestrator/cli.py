@@ -48,10 +48,8 @@ def write_plan(plan, out_dir: Path, figures: bool = True) -> dict[str, Path]:
 
 
 def _json_default(x):
-    if hasattr(x, "item"):
+    if hasattr(x, "item"):  # numpy scalars
         return x.item()
-    if isinstance(x, float) and x != x:
-        return None
     raise TypeError(f"not JSON serialisable: {type(x)}")
 
 

@@ -2,16 +2,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from orchestrator.launch.local import free_port
 
 
 def _entry(rank, fn, world, port, args, errq):

@@ -148,3 +148,12 @@ def test_async_checkpoint_on_an_s3_object_store(tmp_path, s3_server, uninterrupt
 
     fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=os.environ["FSSPEC_S3_ENDPOINT_URL"])
     assert fs.exists(f"{url}/step_00000002/COMPLETE")
+
+
+def test_bad_fault_and_failover_settings_are_named_before_launch(tmp_path):
+    r = run(tmp_path, "bad", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=2", "fault.kill_node=3",
+            "failover.batch_policy=guess", expect=2)
+    for key in ("[fault.kill_node]", "[fault.at_step]", "[failover.batch_policy]"):
+        assert key in r.stderr, r.stderr
+    assert "nothing was launched" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad" / "run" / "logs").exists()

@@ -94,32 +94,79 @@ def _fault_step(cfg) -> int | None:
         return None
     if f.mode == "random":
         return random.Random(f.seed).randint(1, max(cfg.training.steps - 1, 1))
-    if f.at_step is None:
-        raise ValueError("fault.kill_node needs fault.at_step (or fault.mode=random)")
     return f.at_step
 
 
-def _last_step(run_dir: Path, attempt: int) -> int:
-    """Steps completed in this attempt so far (from rank 0's metrics.jsonl)."""
+def steps_completed(run_dir: Path, attempts) -> int:
+    """Steps the given attempts completed (from rank 0's metrics.jsonl); 0 if none."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
-        return -1
-    last = -1
+        return 0
+    done = 0
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
-        except ValueError:
+        except ValueError:  # a line being written
             continue
-        if rec.get("attempt") == attempt:
-            last = max(last, rec["step"])
-    return last
+        if rec.get("attempt") in attempts:
+            done = max(done, rec["step"] + 1)
+    return done
+
+
+def config_problems(cfg) -> list[Problem]:
+    """fault.* and failover.* settings, checked before anything starts."""
+    f, fo, out = cfg.fault, cfg.failover, []
+    if f.mode not in ("step", "random", "during_save"):
+        out.append(Problem("fault.mode", f"unknown mode {f.mode!r}.", "use step, random or during_save."))
+    if f.kill_node is not None:
+        if not 0 <= f.kill_node < cfg.cluster.nodes:
+            out.append(Problem("fault.kill_node", f"node {f.kill_node} does not exist: cluster.nodes is "
+                               f"{cfg.cluster.nodes}.", f"use 0 .. {cfg.cluster.nodes - 1}."))
+        if f.mode != "random" and f.at_step is None:
+            out.append(Problem("fault.at_step", f"fault.kill_node={f.kill_node} needs the step to kill it at.",
+                               "set fault.at_step=<step>, or fault.mode=random."))
+        if f.mode == "during_save" and cfg.training.checkpoint.every <= 0:
+            out.append(Problem("fault.mode, training.checkpoint.every", "during_save needs checkpoints, but "
+                               "training.checkpoint.every is 0.", "set training.checkpoint.every=<steps>."))
+    if fo.batch_policy not in ("keep", "adjust"):
+        out.append(Problem("failover.batch_policy", f"unknown policy {fo.batch_policy!r}.", "use keep or adjust."))
+    if fo.max_failovers < 0 or fo.min_dp < 1:
+        out.append(Problem("failover.max_failovers, failover.min_dp", f"need max_failovers >= 0 and min_dp >= 1, "
+                           f"got {fo.max_failovers} and {fo.min_dp}.", "use e.g. 3 and 1."))
+    return out
+
+
+def layout_of(plan, nodes: int) -> dict:
+    d = plan.degrees
+    return {"nodes": nodes, "tp": d.tp, "cp": d.cp, "pp": d.pp, "dp": d.dp, "microbatches": d.microbatches}
+
+
+def record_failover(out_dir: Path, events: list[dict], *, attempt: int, node, old_plan, old_nodes: int,
+                    rp: Replan, url: str, **extra) -> dict:
+    """Append one failover to failover.json and TensorBoard (the local and SLURM launchers share it)."""
+    from orchestrator.train import checkpoint as ckpt
+
+    done = steps_completed(out_dir, range(attempt + 1))
+    resume_from = ckpt.latest_complete(url) or 0
+    event = {"attempt": attempt, "time": time.time(), "node": node,
+             "old_layout": layout_of(old_plan, old_nodes), "new_layout": layout_of(rp.plan, rp.nodes),
+             "spare_gpus": rp.spares_gpus, "changes": rp.changes, "failed_after_step": done,
+             "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0), **extra}
+    events.append(event)
+    _write_events(out_dir, events)
+    _tensorboard_event(out_dir, event, len(events))
+    return event
 
 
 def preflight(cfg, out_dir: Path) -> list[Problem]:
-    """Refuse to launch a run that cannot resume from its checkpoint directory (torch-free)."""
+    """Refuse to launch a run with bad fault/failover settings or one that cannot resume from its
+    checkpoint directory (torch-free)."""
     from orchestrator.train import checkpoint as ckpt
 
-    url = cfg.training.checkpoint.dir or str(out_dir / "checkpoints")
+    problems = config_problems(cfg)
+    if problems:
+        return problems
+    url = ckpt.url_for(cfg.training.checkpoint.dir, out_dir)
     latest = ckpt.latest_complete(url)
     if latest is None:
         return []
@@ -134,18 +181,18 @@ def preflight(cfg, out_dir: Path) -> list[Problem]:
 def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
     from orchestrator.cli import write_plan
     from orchestrator.launch.local import LocalJob
-    from orchestrator.train import checkpoint as ckpt
+    from orchestrator.train.checkpoint import url_for
 
     problems = preflight(cfg, out_dir)
     if problems:
-        print("\nREJECTED: cannot resume from the checkpoint; nothing was launched.", file=sys.stderr)
+        print("\nREJECTED: nothing was launched.", file=sys.stderr)
         for p in problems:
             print(f"  - {p}", file=sys.stderr)
         return 2
     gpn = cfg.hardware.gpus_per_node
     alive = list(range(cfg.cluster.nodes))  # physical (emulated) node ids still in service
     fault_step = _fault_step(cfg)
-    url = cfg.training.checkpoint.dir or str(out_dir / "checkpoints")
+    url = url_for(cfg.training.checkpoint.dir, out_dir)
     events: list[dict] = []
     attempt, cur_cfg, cur_plan = 0, cfg, plan
     while True:
@@ -163,7 +210,7 @@ def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
 
         def on_poll(j, attempt=attempt):
             if armed and cfg.fault.mode != "during_save" and state["killed_at"] is None:
-                if _last_step(out_dir, attempt) + 1 >= fault_step:
+                if steps_completed(out_dir, (attempt,)) >= fault_step:
                     print(f"fault injection: killing every process of node {cfg.fault.kill_node} "
                           f"after step {fault_step}", flush=True)
                     state["killed_at"], state["killed_wall"] = time.monotonic(), time.time()
@@ -177,7 +224,6 @@ def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
             return 0
         t_fail = time.monotonic()
         lost = alive[res.failed_node]
-        steps_done = _last_step(out_dir, attempt) + 1
         print(f"\nFAILURE: {res.cause}; marking node {lost} lost", file=sys.stderr, flush=True)
         if not cfg.failover.enabled or len(events) >= cfg.failover.max_failovers:
             why = "failover is off" if not cfg.failover.enabled else f"failover.max_failovers={cfg.failover.max_failovers} reached"
@@ -192,28 +238,16 @@ def run_with_failover(cfg, plan, out_dir: Path, echo: bool = True) -> int:
                   file=sys.stderr)
             _write_events(out_dir, events + [{"node": lost, "stopped": True, "reasons": rp.problems}])
             return 1
-        resume_from = ckpt.latest_complete(url) or 0
-        d_old, d_new = cur_plan.degrees, rp.plan.degrees
         used = alive[: rp.nodes]
-        event = {
-            "attempt": attempt, "time": time.time(), "node": lost, "cause": res.cause,
-            "old_layout": {"nodes": len(alive) + 1, "tp": d_old.tp, "cp": d_old.cp, "pp": d_old.pp, "dp": d_old.dp,
-                           "microbatches": d_old.microbatches},
-            "new_layout": {"nodes": rp.nodes, "tp": d_new.tp, "cp": d_new.cp, "pp": d_new.pp, "dp": d_new.dp,
-                           "microbatches": d_new.microbatches},
-            "nodes_in_service": used, "spare_gpus": rp.spares_gpus, "changes": rp.changes,
-            "failed_after_step": steps_done, "resumed_from_step": resume_from,
-            "steps_lost": max(steps_done - resume_from, 0),
-            "seconds": {"detection": (t_fail - state["killed_at"]) if state["killed_at"] else None,
-                        "replan": replan_s, "run_before_failure": t_fail - t_start},
-            "killed_at": state["killed_wall"], "relaunched_at": time.time(),
-        }
-        events.append(event)
-        _write_events(out_dir, events)
-        _tensorboard_event(out_dir, event, len(events))
-        print(f"FAILOVER {len(events)}: node {lost} lost after step {steps_done}; re-planned on {rp.nodes} node(s): "
-              f"{', '.join(rp.changes)}; spares {rp.spares_gpus} GPU(s); resuming from step {resume_from} "
-              f"({event['steps_lost']} step(s) lost)", flush=True)
+        event = record_failover(
+            out_dir, events, attempt=attempt, node=lost, old_plan=cur_plan, old_nodes=len(alive) + 1, rp=rp,
+            url=url, cause=res.cause, nodes_in_service=used,
+            seconds={"detection": (t_fail - state["killed_at"]) if state["killed_at"] else None,
+                     "replan": replan_s, "run_before_failure": t_fail - t_start},
+            killed_at=state["killed_wall"], relaunched_at=time.time())
+        print(f"FAILOVER {len(events)}: node {lost} lost after step {event['failed_after_step']}; re-planned on "
+              f"{rp.nodes} node(s): {', '.join(rp.changes)}; spares {rp.spares_gpus} GPU(s); resuming from step "
+              f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
         alive = used
         cur_cfg, cur_plan = rp.cfg, rp.plan
         attempt += 1

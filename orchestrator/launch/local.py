@@ -140,10 +140,3 @@ class LocalJob:
                 p.wait()
         for t in self._threads:
             t.join(timeout=2)
-
-
-def run_local(run_dir: Path, nodes: int, gpus_per_node: int, env: dict | None = None, echo: bool = True,
-              timeout: float | None = None, on_poll=None) -> LocalResult:
-    job = LocalJob(run_dir, nodes, gpus_per_node, env=env, echo=echo)
-    job.start()
-    return job.wait(timeout=timeout, on_poll=on_poll)

@@ -192,12 +192,13 @@ def watch(job, cfg, plan, out_dir: Path, poll_s: float = 2.0) -> int:
     import submitit
 
     from orchestrator.cli import write_plan
-    from orchestrator.launch.failover import _tensorboard_event, _write_events, replan_on_survivors
-    from orchestrator.train import checkpoint as ckpt
+    from orchestrator.launch.failover import record_failover, replan_on_survivors
 
     tail = _Tail()
     attempt, cur_cfg, cur_plan, events, excluded = 0, cfg, plan, [], []
-    url = cfg.training.checkpoint.dir or str(out_dir / "checkpoints")
+    from orchestrator.train.checkpoint import url_for
+
+    url = url_for(cfg.training.checkpoint.dir, out_dir)
     ran_on: list[str] = []
     while True:
         tail(Path(str(job.paths.stdout).replace("%t", "0")))
@@ -240,29 +241,16 @@ def watch(job, cfg, plan, out_dir: Path, poll_s: float = 2.0) -> int:
                       file=sys.stderr)
                 return 1
             excluded += lost
+            event = record_failover(out_dir, events, attempt=attempt, node=lost[0], old_plan=cur_plan,
+                                    old_nodes=len(nodes), rp=rp, url=url, nodes_lost=lost, job_id=job.job_id,
+                                    state=state, exclude=list(excluded))
             attempt += 1
             plan_dir = out_dir / f"attempt{attempt}"
             write_plan(rp.plan, plan_dir, figures=False)
-            resume_from = ckpt.latest_complete(url) or 0
-            from orchestrator.launch.failover import _last_step
-
-            done = max(_last_step(out_dir, a) for a in range(attempt)) + 1
-            event = {"attempt": attempt - 1, "time": time.time(), "node": lost[0], "nodes_lost": lost,
-                     "job_id": job.job_id, "state": state,
-                     "old_layout": {"nodes": len(nodes), "dp": cur_plan.degrees.dp, "tp": cur_plan.degrees.tp,
-                                    "pp": cur_plan.degrees.pp, "cp": cur_plan.degrees.cp},
-                     "new_layout": {"nodes": rp.nodes, "dp": rp.plan.degrees.dp, "tp": rp.plan.degrees.tp,
-                                    "pp": rp.plan.degrees.pp, "cp": rp.plan.degrees.cp},
-                     "changes": rp.changes, "spare_gpus": rp.spares_gpus, "exclude": excluded,
-                     "failed_after_step": done, "resumed_from_step": resume_from,
-                     "steps_lost": max(done - resume_from, 0)}
-            events.append(event)
-            _write_events(out_dir, events)
-            _tensorboard_event(out_dir, event, len(events))
             cur_cfg, cur_plan = rp.cfg, rp.plan
             job = submit(cur_cfg, plan_dir, out_dir, attempt, exclude=excluded)
             print(f"FAILOVER {len(events)}: node(s) {lost} lost (job ended {state}); re-planned on {rp.nodes} "
                   f"node(s): {', '.join(rp.changes)}; resubmitted as job {job.job_id} excluding {excluded}, "
-                  f"resuming from step {resume_from}", flush=True)
+                  f"resuming from step {event['resumed_from_step']}", flush=True)
             ran_on = []
         time.sleep(poll_s)

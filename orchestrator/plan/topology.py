@@ -18,8 +18,6 @@ from functools import cached_property
 import numpy as np
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
-MEGATRON_DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
-META_ORDER = ("tp", "cp", "pp", "dp")  # Llama 3: tensor, context, pipeline, data
 
 
 class OrderError(ValueError):

@@ -31,6 +31,11 @@ def _fs(url: str):
     return fs, path.rstrip("/")
 
 
+def url_for(setting: str | None, run_dir) -> str:
+    """`training.checkpoint.dir`, or RUN_DIR/checkpoints when it is unset."""
+    return setting or str(run_dir) + "/checkpoints"
+
+
 def step_dir(url: str, step: int) -> str:
     return f"{url.rstrip('/')}/step_{step:08d}"
 

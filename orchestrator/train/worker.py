@@ -52,7 +52,6 @@ class Logger:
 
     def __init__(self, run_dir: Path, plan: dict, enabled: bool):
         self.enabled = enabled
-        self.plan = plan
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
@@ -129,7 +128,7 @@ def train(plan_dir: Path, should_stop=None) -> dict:
     samples_dir = run_dir / "samples"
     samples_dir.mkdir(exist_ok=True)
     log = Logger(run_dir, plan, rank == 0)
-    url = tr.checkpoint.dir or str(run_dir / "checkpoints")
+    url = ckpt.url_for(tr.checkpoint.dir, run_dir)
     start_step = 0
     latest = ckpt.latest_complete(url)
     if latest is not None:
