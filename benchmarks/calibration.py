@@ -25,20 +25,19 @@ def main() -> None:
     errs = []
     for p in preds:
         plan = p.plan
-        d = plan.degrees
-        lay = f"TP{d.tp} CP{d.cp} PP{d.pp} DP{d.dp}" + (f" EP{d.ep}" if d.ep > 1 else "") if d else "rejected"
+        lay = plan.layout.label() if plan.layout else "rejected"
         fits = ("yes" if plan.memory.fits else "NO") if plan.memory else "-"
         if p.predicted is None:
             print(f"{p.row.name[:52]:<52} {'':>6} {lay:>22} {fits:>5}   {plan.errors[0] if plan.errors else ''}")
             continue
         tf = p.predicted * plan.spec.hardware.peak_tflops
         if p.row.published is None:
-            print(f"{p.row.name[:52]:<52} {p.row.metric:>6} {lay:>22} {fits:>5} {p.predicted:7.1%} {'n/a':>7} "
+            print(f"{p.row.name[:52]:<52} {p.row.metric.upper():>6} {lay:>22} {fits:>5} {p.predicted:7.1%} {'n/a':>7} "
                   f"{'':>7} {tf:9.0f} {'n/a':>9}")
             continue
         err = p.predicted - p.row.published
         errs.append(abs(err))
-        print(f"{p.row.name[:52]:<52} {p.row.metric:>6} {lay:>22} {fits:>5} {p.predicted:7.1%} "
+        print(f"{p.row.name[:52]:<52} {p.row.metric.upper():>6} {lay:>22} {fits:>5} {p.predicted:7.1%} "
               f"{p.row.published:7.1%} {100 * err:+6.1f}p {tf:9.0f} {p.row.tflops or 0:9.0f}")
     print(f"\nmean absolute error: {100 * sum(errs) / len(errs):.2f} points over {len(errs)} rows")
     print("kernel efficiency fitted on these rows (least squares): " +

@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,13 +28,13 @@ def plain_loop(steps: int = 30) -> list[float]:
     import torch.nn.functional as F
 
     from orchestrator import compose
+    from orchestrator.config.compose import typed
     from orchestrator.train.data import TokenSource
     from orchestrator.train.model import Transformer
 
     torch.set_num_threads(1)
-    cfg = compose(COMMON)
-    m = SimpleNamespace(**{k: v for k, v in cfg.model.items()})
-    m.moe = SimpleNamespace(**cfg.model.moe)
+    cfg = typed(compose(COMMON))
+    m = cfg.model
     torch.manual_seed(0)
     model = Transformer(m)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, betas=(0.9, 0.95), weight_decay=0.0)

@@ -3,15 +3,21 @@
     from orchestrator import make_plan, compose
     plan = make_plan(compose(["model=llama3_70b", "cluster.nodes=64", "layout.tp=8"]))
 
-Importing the package does not import torch; only `orchestrator.train` does.
+Importing the package does not import torch (only `orchestrator.train` does), nor
+Hydra until `compose` is called.
 """
-from orchestrator.plan import Plan, PlanError, make_plan
+from __future__ import annotations
 
 __all__ = ["make_plan", "compose", "Plan", "PlanError"]
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "config"):
-    """Compose the Hydra config with command-line style overrides (no run directory)."""
-    from orchestrator.cli import compose as _compose
+def __getattr__(name: str):
+    if name == "compose":
+        from orchestrator.config.compose import compose
 
-    return _compose(overrides or [], config_name)
+        return compose
+    if name in ("make_plan", "Plan", "PlanError"):
+        import orchestrator.plan as plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

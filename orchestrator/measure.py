@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.plan.calibrate import fit_measured
+from orchestrator.plan.metrics import measured_mfu
 
 
 @dataclass
@@ -51,8 +52,7 @@ def read_run(run: Path) -> Measured:
     plan = json.loads((run / "plan.json").read_text())
     hw = plan["config"]["hardware"]
     step = measured_step_time(run)
-    mfu = plan["model_flops_per_step"] / (plan["world_size"] * hw["peak_tflops"] * 1e12 * step)
-    return Measured(run, hw["name"], plan["step"]["wall_s"], step, plan["mfu"], mfu,
+    return Measured(run, hw["name"], plan["step"]["wall_s"], step, plan["mfu"], measured_mfu(plan, step),
                     plan["mfu"] / hw["kernel_efficiency"])
 
 

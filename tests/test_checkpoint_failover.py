@@ -117,7 +117,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint_latest(tmp_path, uninte
     losses = losses_by_step(rd)
     for step in range(6):
         assert losses[step] == pytest.approx(uninterrupted[step], rel=1e-5)
-    from orchestrator.train.checkpoint import list_saves
+    from orchestrator.plan.checkpoints import list_saves
 
     assert all(ok for _, _, ok in list_saves(str(rd / "checkpoints")))  # the torn save was cleaned up
 

@@ -60,7 +60,7 @@ def test_auto_ranks_megatron_1t_published_layout_in_top_three():
 
 def test_auto_chooses_context_parallelism_for_long_context_and_says_why():
     plan = plan_of("recipe=llama3_405b_long_context", "layout=auto")
-    assert plan.valid and plan.degrees.cp > 1
+    assert plan.valid and plan.layout.cp > 1
     assert any(r.startswith("CP > 1 because") for r in plan.search["rejected"])
 
 

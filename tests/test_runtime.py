@@ -118,7 +118,7 @@ def _alive(pid: int) -> bool:
 
 def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     from orchestrator import compose, make_plan
-    from orchestrator.cli import write_plan
+    from orchestrator.plan.artifacts import write_plan
     from orchestrator.launch.local import LocalJob
 
     run = tmp_path / "run"

@@ -44,14 +44,14 @@ def test_seed1_tp16_moves_80_5_gb_onto_the_network():
     tp = plan.axes["tp"]
     assert tp.bytes_per_microbatch == pytest.approx(80.5e9, rel=0.005)
     assert tp.gbps == 50 and tp.tier != "nvlink"
-    per_mb = tp.exposed_s / plan.degrees.microbatches
+    per_mb = tp.exposed_s / plan.layout.microbatches
     assert per_mb == pytest.approx(1.61, rel=0.01)
     assert plan.step.compute_microbatch_s == pytest.approx(0.219, rel=0.01)
     assert any("WARNING" in w and "1.61 s" in w for w in plan.warnings)
     # The same TP16 inside one 16-GPU NVLink domain: 179 ms.
     nv = _tp16("hardware.gpus_per_node=16", "cluster.nodes=32")
     assert nv.valid and nv.axes["tp"].tier == "nvlink"
-    assert nv.axes["tp"].exposed_s / nv.degrees.microbatches == pytest.approx(0.179, rel=0.01)
+    assert nv.axes["tp"].exposed_s / nv.layout.microbatches == pytest.approx(0.179, rel=0.01)
 
 
 def test_seed1_tp16_is_rejected_by_default_and_explained():

@@ -96,7 +96,8 @@ def test_dp_innermost_is_slower_and_the_report_says_why():
 
 def test_expert_parallel_goes_innermost_when_its_all_to_all_is_busiest():
     plan = plan_of("recipe=deepseek_v3")
-    live = [a for a in plan.order if plan.grid().sizes[a] > 1]
+    grid = plan.expert_grid()  # experts live in their own grid over the same ranks
+    live = [a for a in grid.order if grid.sizes[a] > 1]
     assert live[0] == "ep"
     assert plan.axes["ep"].calls_per_step > plan.axes["pp"].calls_per_step > plan.axes["dp"].calls_per_step
 
@@ -166,7 +167,8 @@ def test_step_budget_compares_layouts():
 def _mesh_worker(rank, world, plans):
     import torch.distributed as dist
 
-    from orchestrator.train.mesh import MESH_DIMS, grid_from_json, mesh_from_grid
+    from orchestrator.train.mesh import DENSE_DIMS as MESH_DIMS
+    from orchestrator.train.mesh import grid_from_json, mesh_from_grid
 
     out = {}
     for name, plan_json in plans.items():

@@ -33,7 +33,7 @@ def test_long_context_row_as_sometimes_printed_is_rejected():
 def test_megatron_1t_validates():
     plan = plan_of("recipe=megatron_1t")
     assert plan.valid, plan.errors
-    assert (plan.degrees.tp, plan.degrees.pp, plan.degrees.dp, plan.world_size) == (8, 64, 6, 3072)
+    assert (plan.layout.tp, plan.layout.pp, plan.layout.dp, plan.world_size) == (8, 64, 6, 3072)
 
 
 @pytest.mark.parametrize("row", load_rows(), ids=lambda r: r.name[:40])
@@ -96,8 +96,20 @@ INVALID = [
     (["model=llama3_8b", "cluster.nodes=0"], "cluster.nodes", "must be positive"),
     (["model=llama3_8b", "cluster.nodes=4", "layout.pp=4", "layout.stage_layers=[8,8,8]"],
      "layout.stage_layers", "needs 4 entries"),
-    (["model=llama3_8b", "schedule.name=magic"], "schedule.name", "unknown schedule"),
+    (["model=llama3_8b", "cluster.nodes=2", "layout.ep=1", "model.moe.experts=8", "model.moe.experts_per_token=2",
+      "model.moe.expert_ffn_hidden=1024", "layout.ep=16", "layout.tp=8"], "layout.ep, layout.etp", "expert grid"),
 ]
+
+
+def test_a_closed_choice_is_refused_at_compose_time_naming_the_key():
+    """Typed config: an unknown schedule never reaches the planner."""
+    from orchestrator import compose
+    from orchestrator.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose(["model=llama3_8b", "schedule.name=magic"])
+    (p,) = err.value.problems
+    assert p.key == "schedule.name" and "magic" in p.message and "interleaved_1f1b" in p.fix
 
 
 @pytest.mark.parametrize("overrides,key,words", INVALID, ids=[i[1] + ":" + i[2] for i in INVALID])
@@ -192,6 +204,6 @@ def test_property_any_input_plans_or_is_rejected_cleanly(d):
     if plan.valid:
         assert plan.step.total_s > 0 and 0 < plan.mfu <= 1.0 + 1e-9
         assert plan.memory.fits
-        assert plan.degrees.tp * plan.degrees.cp * plan.degrees.pp * plan.degrees.dp == plan.world_size
+        assert plan.layout.tp * plan.layout.cp * plan.layout.pp * plan.layout.dp == plan.world_size
     else:
         assert plan.errors and all(e.key and e.message for e in plan.errors)

@@ -1,4 +1,2 @@
-"""Config schema and Hydra registration (torch-free)."""
-from orchestrator.config.schema import Config, register
-
-__all__ = ["Config", "register"]
+"""The vocabulary of the system (torch-free): the typed schema, the schedule registry,
+Hydra composition and recipes. Every other layer imports from here; this imports none."""

@@ -12,6 +12,9 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from orchestrator.config.launchers import LAUNCHER_SCHEMAS, LauncherName  # noqa: F401 (part of the schema)
+from orchestrator.config.schedules import SCHEDULES
+
 
 class Recompute(str, Enum):
     none = "none"
@@ -24,7 +27,40 @@ class MLP(str, Enum):
     gelu = "gelu"  # two matrices: GPT / Megatron
 
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "dualpipe")
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp8 = "fp8"  # caches linear-layer inputs in one byte (DeepSeek-V3)
+
+
+class Device(str, Enum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class Backend(str, Enum):
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class Metric(str, Enum):
+    mfu = "mfu"  # model FLOPs only (PaLM, Llama 3)
+    hfu = "hfu"  # hardware FLOPs: recomputation counted (Megatron 2021's "% of peak")
+
+
+class FaultMode(str, Enum):
+    step = "step"  # once fault.at_step steps have completed
+    random = "random"  # a seeded random step
+    during_save = "during_save"  # inside that step's checkpoint save
+
+
+class BatchPolicy(str, Enum):
+    keep = "keep"  # the global batch stays exact (more micro-batches per replica, or fewer nodes)
+    adjust = "adjust"  # round it down to what the survivors can run, and report the change
+
+
+# Generated from the schedule registry: adding a schedule there adds it here.
+Schedule = Enum("Schedule", {name: name for name in SCHEDULES}, type=str)
 
 
 @dataclass
@@ -59,8 +95,8 @@ class HardwareConfig:
     # interruptions in 54 days on 16,384 GPUs = 1.97e-5 per GPU-hour).
     failures_per_gpu_hour: float = 1.97e-5
     storage_gbps: float = 500.0  # aggregate checkpoint write bandwidth, GB/s
-    device: str = "cuda"  # cuda | cpu (the runtime's device type)
-    backend: str = "nccl"  # nccl | gloo
+    device: Device = Device.cuda  # the runtime's device type
+    backend: Backend = Backend.nccl
 
 
 @dataclass
@@ -117,7 +153,9 @@ class CheckpointConfig:
 
 @dataclass
 class ResumeConfig:
-    allow_batch_change: bool = False
+    allow_batch_change: bool = False  # shorthand for allow=[training.global_batch, training.seq_len]
+    # keys that may differ from the checkpoint's on purpose (e.g. [training.seed, model.rope_theta])
+    allow: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -127,7 +165,7 @@ class TrainingConfig:
     micro_batch: int = 1
     steps: int = 100
     recompute: Recompute = Recompute.none
-    precision: str = "bf16"  # bf16 | fp8 (fp8 caches linear-layer inputs in one byte, DeepSeek-V3)
+    precision: Precision = Precision.bf16
     optimizer_bytes: float = 12.0  # per parameter: fp32 master + Adam m, v (DeepSeek-V3: 8, bf16 moments)
     seed: int = 0
     lr: float = 3e-4
@@ -145,7 +183,8 @@ class LayoutConfig:
     cp: int = 1
     pp: int = 1
     dp: Any = "auto"  # an int, or "auto" = what is left of the world
-    ep: int = 1  # expert parallel, carved out of dp (Megatron / DeepSeek convention)
+    ep: int = 1  # expert parallel: its own grid over the same ranks (Megatron-Core's expert RankGenerator)
+    etp: Optional[int] = None  # expert tensor parallel; None = tp (Megatron's default)
     vp: int = 1  # virtual pipeline stages per rank (interleaved schedules)
     sequence_parallel: bool = True
     zero: int = 3  # 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP)
@@ -159,28 +198,8 @@ class LayoutConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: str = "1f1b"  # one of SCHEDULES (checked by the planner, with a fix)
+    name: Schedule = Schedule["1f1b"]
     microbatches: Optional[int] = None  # default global_batch / (dp * micro_batch)
-
-
-@dataclass
-class LauncherConfig:
-    name: str = "dry"  # dry | local | slurm
-    job_name: str = "orchestrator"
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    time_min: int = 60
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
-    setup: List[str] = field(default_factory=list)
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    wait: bool = False  # follow the job, stream progress, own node failures
-    cpus_per_task: int = 1
-    gpus_per_node_gres: bool = True  # request --gpus-per-node (the GRES)
-    signal_delay_s: int = 60  # SIGUSR2 this long before the time limit: save and requeue
-    max_requeues: int = 3  # preemptions / time-outs before the job stops requeuing itself
-    node_fail_wait_s: float = 60.0  # how long a failed job's nodes are watched for going down
 
 
 @dataclass
@@ -195,7 +214,7 @@ class PublishedConfig:
     source: str = ""
     tflops_per_gpu: Optional[float] = None
     mfu: Optional[float] = None  # fraction, 0.43 not 43
-    metric: str = "mfu"  # mfu | hfu (Megatron 2021 counts recompute FLOPs)
+    metric: Metric = Metric.mfu
     step_s: Optional[float] = None
 
 
@@ -205,7 +224,7 @@ class FaultConfig:
 
     kill_node: Optional[int] = None
     at_step: Optional[int] = None  # once this many steps have completed
-    mode: str = "step"  # step | random (a seeded random step) | during_save (inside that step's save)
+    mode: FaultMode = FaultMode.step
     seed: int = 0
 
 
@@ -214,9 +233,7 @@ class FailoverConfig:
     enabled: bool = True
     max_failovers: int = 3
     min_dp: int = 1
-    # keep: the global batch stays exact (more micro-batches per replica, or fewer nodes);
-    # adjust: round it down to what the survivors can run, and report the change.
-    batch_policy: str = "keep"
+    batch_policy: BatchPolicy = BatchPolicy.keep
 
 
 @dataclass
@@ -232,7 +249,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    launcher: Any = MISSING  # one of LAUNCHER_SCHEMAS, chosen by the `launcher` group
     cost: CostConfig = field(default_factory=CostConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
@@ -240,14 +257,3 @@ class Config:
     published: Optional[PublishedConfig] = None
     recipe_name: Optional[str] = None
     figures: bool = True
-
-
-def register() -> None:
-    """Register the schema (and the recipes) with Hydra's ConfigStore."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="orchestrator_schema", node=Config)
-    from orchestrator.config.recipes import register_recipes
-
-    register_recipes(cs)

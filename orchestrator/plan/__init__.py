@@ -3,7 +3,8 @@
 Pure Python (no torch import), deterministic, fast enough to sit in front of
 every launch. Entry point: `make_plan(cfg) -> Plan`.
 """
-from orchestrator.plan.errors import PlanError, Problem
-from orchestrator.plan.plan import Plan, make_plan
+from orchestrator.config.errors import PlanError, Problem
+from orchestrator.plan.make import make_plan
+from orchestrator.plan.plan import Plan
 
 __all__ = ["make_plan", "Plan", "PlanError", "Problem"]

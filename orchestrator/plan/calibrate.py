@@ -114,7 +114,7 @@ class Prediction:
 
 
 def predict(rows: list[Row], efficiency: dict[str, float] | None = None) -> list[Prediction]:
-    from orchestrator.cli import compose
+    from orchestrator.config.compose import compose
     from orchestrator.plan import make_plan
 
     out = []

@@ -11,12 +11,13 @@ Per micro-batch on the slowest stage (the pipeline runs at its pace):
   backward, (c-1)/c x s b x KV width x 2 bytes each
 - EP: all-to-all dispatch and combine, forward and backward, (e-1)/e of the
   routed tokens' hidden states
-Per step: m x the above; bubble = (p-1)/vp x one micro-batch for 1F1B and
-GPipe (as a fraction of the step, GPipe's (p-1)/(m+p-1), seed 2), a third of
-that for zero-bubble (ZB-H1), half for DualPipe; P2P = the sends on the
-critical path of fill and drain, 2 (p vp - 1) (steady-state sends overlap);
-DP = weight all-gathers and gradient reduce-scatters once per step, hidden
-behind the step's backward (2/3 of its compute) except the first gather.
+Per step: m x the above; the bubble is the schedule's (config/schedules.py) in
+micro-batches of the slowest stage: (p-1)/vp for 1F1B and GPipe (as a fraction of
+the step, GPipe's (p-1)/(m+p-1), seed 2), a third of that for zero-bubble (ZB-H1),
+half for DualPipe; P2P = the sends on the critical path of fill and drain,
+2 (p x chunks - 1) (steady-state sends overlap); DP = weight all-gathers and
+gradient reduce-scatters once per step (dense weights over dp x cp, experts over
+edp), hidden behind the step's backward (2/3 of its compute) except the first gather.
 
 `total_s` is the roofline budget. The kernels reach `kernel_efficiency` of it,
 so the predicted wall-clock step is total_s / kernel_efficiency and
@@ -26,27 +27,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from orchestrator.config.schedules import SCHEDULES
+from orchestrator.plan.axes import AXES, CANONICAL_ORDER
+from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.topology import Tier
-from orchestrator.plan.validate import Degrees
-
-# The data-parallel reduction group: FSDP shards (and gradients reduce) over
-# data x context (x expert) ranks.
-DP_GROUP = ("cp", "ep", "dp")
-
-
-def bubble_factor(schedule: str, p: int, v: int) -> float:
-    """Bubble in units of one micro-batch's time on the slowest stage."""
-    if p <= 1:
-        return 0.0
-    base = (p - 1) / max(v, 1)
-    return {"zero_bubble": base / 3.0, "dualpipe": base / 2.0}.get(schedule, base)
 
 
 def bubble_fraction(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
     """Fraction of the step spent idle in the bubble (GPipe/1F1B: (p-1)/(m+p-1))."""
-    b = bubble_factor(schedule, p, v)
+    b = SCHEDULES[schedule].bubble(p, v) if p > 1 else 0.0
     return b / (m + b) if m + b else 0.0
 
 
@@ -101,7 +92,7 @@ class Traffic:
     ep: tuple[float, float]
 
 
-def stage_traffic(st: Stage, d: Degrees, mm: ModelMath, tr, hw) -> Traffic:
+def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw) -> Traffic:
     t, c = d.tp, d.cp
     s, b = tr.seq_len, tr.micro_batch
     tokens = s / c * b
@@ -138,49 +129,57 @@ def _time(calls: float, nbytes: float, tier: Tier) -> float:
     return calls * (nbytes / (tier.gbps * 1e9) + tier.latency_us * 1e-6) if calls else 0.0
 
 
-def axis_traffic(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw, sp: bool) -> dict[str, AxisReport]:
+def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool) -> dict[str, AxisReport]:
     """Calls and bytes per step per GPU for every axis (no tiers yet: the order needs these)."""
-    m, v, p = d.microbatches, d.vp, d.pp
-    tr_by = [stage_traffic(st, d, mm, tr, hw) for st in stages]
-    j = max(range(len(stages)), key=lambda i: tr_by[i].compute_s)
-    tj = tr_by[j]
+    m, p, n = d.microbatches, d.pp, d.chunks
+    traffic = [stage_traffic(st, d, mm, tr, hw) for st in stages]
+    j = max(range(len(stages)), key=lambda i: traffic[i].compute_s)
+    tj = traffic[j]
     out: dict[str, AxisReport] = {}
-    for name, coll, (calls, nbytes) in (("tp", "all-reduce (AG+RS with SP)", tj.tp),
-                                        ("cp", "all-gather K,V / reduce-scatter dK,dV", tj.cp),
-                                        ("ep", "all-to-all", tj.ep)):
-        size = {"tp": d.tp, "cp": d.cp, "ep": d.ep}[name]
-        out[name] = AxisReport(name, size, coll, m * calls, m * calls * nbytes, hideable=False,
+    for name, (calls, nbytes), size in (("tp", tj.tp, d.tp), ("cp", tj.cp, d.cp), ("ep", tj.ep, d.ep)):
+        out[name] = AxisReport(name, size, AXES[name].collective, m * calls, m * calls * nbytes, hideable=False,
                                bytes_per_microbatch=calls * nbytes)
     s_tokens = tr.seq_len / d.cp * tr.micro_batch
     send = s_tokens * mm.h * 2 / (d.tp if sp else 1)
-    out["pp"] = AxisReport("pp", p, "send/recv", 2 * m * v if p > 1 else 0, 2 * m * v * send if p > 1 else 0,
-                           hideable=True, bytes_per_microbatch=2 * v * send if p > 1 else 0)
+    sends = 2 * m * n if p > 1 else 0
+    out["pp"] = AxisReport("pp", p, AXES["pp"].collective, sends, sends * send, hideable=True,
+                           bytes_per_microbatch=2 * n * send if p > 1 else 0)
     st = stages[j]
-    dense = (st.params - st.expert_params) / d.tp
-    expert = st.expert_params / (d.tp * d.ep)
-    g = d.dp * d.cp
-    ge = max(g // d.ep, 1)
-    rounds = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[d.zero]  # AR = RS + AG; FSDP gathers again for backward
-    nbytes = rounds * 2.0 * (dense * (g - 1) / g + expert * (ge - 1) / ge)
+    # AR = RS + AG; FSDP (ZeRO-3) gathers the weights again for backward
+    rounds = 3.0 if d.zero == 3 else 2.0
     units = max(len(st.layers), 1)
-    out["dp"] = AxisReport("dp", d.dp, "all-gather + reduce-scatter" if d.zero else "all-reduce",
-                           (rounds if d.zero else 1) * units if g > 1 else 0, nbytes if g > 1 else 0,
-                           hideable=True)
+    collective = AXES["dp"].collective if d.zero else "all-reduce"
+    for name, size, group, weights in (("dp", d.dp, d.dp * d.cp, (st.params - st.expert_params) / d.tp),
+                                       ("edp", d.edp, d.edp, st.expert_params / (d.etp * d.ep))):
+        live = group > 1 and weights > 0
+        out[name] = AxisReport(name, size, collective, (rounds if d.zero else 1) * units if live else 0,
+                               rounds * 2.0 * weights * (group - 1) / group if live else 0, hideable=True)
     return out
 
 
-def auto_order(axes: dict[str, AxisReport]) -> list[str]:
+def auto_order(axes: dict[str, AxisReport], d: Layout) -> list[str]:
     """Busiest collectives innermost: traffic that cannot hide before traffic that can,
     then by how often it fires, then by bytes (seed 1's matching of collectives to links)."""
-    live = [a for a in axes.values() if a.size > 1 and a.calls_per_step > 0]
+    live = [a for a in axes.values() if a.name in CANONICAL_ORDER and a.size > 1 and a.calls_per_step > 0]
     live.sort(key=lambda a: (a.hideable, -a.calls_per_step, -a.bytes_per_step))
     ranked = iter(a.name for a in live)
+    names = {a.name for a in live}
     # Size-1 axes do not move any rank; they keep their canonical (Meta) positions and the
     # live axes fill the other positions in ranked order.
-    return [next(ranked) if a in {x.name for x in live} else a for a in ("tp", "cp", "ep", "pp", "dp")]
+    order = [next(ranked) if a in names else a for a in CANONICAL_ORDER]
+    if expert_needs_pp_last(d):
+        order = [a for a in order if a != "pp"] + ["pp"]
+    return order
 
 
-def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw,
+def expert_needs_pp_last(d: Layout) -> bool:
+    """Experts that fold data parallelism in need pipeline parallelism outermost, or an
+    expert group would span pipeline stages (Megatron-Core, initialize_model_parallel:
+    the order ends with pp, or pp == 1, or the expert and dense data-parallel sizes agree)."""
+    return d.ep > 1 and d.pp > 1 and d.edp != d.dp
+
+
+def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
               axes: dict[str, AxisReport], tiers: dict[str, Tier]) -> Step:
     m = d.microbatches
     per_mb = []
@@ -190,7 +189,7 @@ def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw,
         cp = _time(*tt.cp, tiers["cp"])
         ep = _time(*tt.ep, tiers["ep"])
         ep_hidden = 0.0
-        if d.schedule == "dualpipe":
+        if d.schedule.overlaps_ep:
             # DualPipe overlaps one micro-batch's all-to-all with another's computation.
             ep_hidden = min(ep, tt.compute_s)
             ep -= ep_hidden
@@ -198,24 +197,16 @@ def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw,
     j = max(range(len(stages)), key=lambda i: per_mb[i][0])
     mb, comp, tp, cp, ep, ep_hidden = per_mb[j]
     axes["ep"].hidden_s = m * ep_hidden
-    bubble = bubble_factor(d.schedule, d.pp, d.vp) * mb
+    bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
     pp = axes["pp"]
     p2p = 0.0
     if d.pp > 1:
-        send_bytes = pp.bytes_per_microbatch / (2 * d.vp)
+        send_bytes = pp.bytes_per_microbatch / (2 * d.chunks)
         one = send_bytes / (tiers["pp"].gbps * 1e9) + tiers["pp"].latency_us * 1e-6
         pp.seconds = pp.calls_per_step * one
-        p2p = 2 * (d.pp * d.vp - 1) * one
+        p2p = 2 * (d.pp * d.chunks - 1) * one
         pp.exposed_s, pp.hidden_s = p2p, max(pp.seconds - p2p, 0.0)
-    dp = axes["dp"]
-    dp_exposed = 0.0
-    if dp.calls_per_step:
-        tier = tiers["dp"]
-        dp.seconds = dp.bytes_per_step / (tier.gbps * 1e9) + dp.calls_per_step * tier.latency_us * 1e-6
-        window = 2.0 / 3.0 * m * comp
-        first_gather = dp.seconds / dp.calls_per_step if d.zero else 0.0  # one unit, one round
-        dp_exposed = max(dp.seconds - window, 0.0) + first_gather
-        dp.exposed_s, dp.hidden_s = dp_exposed, max(dp.seconds - dp_exposed, 0.0)
+    dp_exposed = _data_parallel(axes, tiers, d, window=2.0 / 3.0 * m * comp)
     for name, t in (("tp", tp), ("cp", cp), ("ep", ep)):
         axes[name].exposed_s = m * t
         axes[name].seconds = m * t + axes[name].hidden_s
@@ -223,3 +214,19 @@ def step_time(stages: list[Stage], d: Degrees, mm: ModelMath, tr, hw,
     return Step(compute=m * comp, tp=m * tp, cp=m * cp, ep=m * ep, pp_bubble=bubble, p2p=p2p,
                 dp_exposed=dp_exposed, total_s=total, wall_s=total / hw.kernel_efficiency, stage=j,
                 microbatch_s=mb, compute_microbatch_s=comp)
+
+
+def _data_parallel(axes: dict[str, AxisReport], tiers: dict[str, Tier], d: Layout, window: float) -> float:
+    """Dense and expert gradient traffic share the backward as their hiding window; the
+    first weight gather of a step (ZeRO/FSDP) cannot hide."""
+    live = [axes[n] for n in ("dp", "edp") if axes[n].calls_per_step]
+    for a in live:
+        tier = tiers[a.name]
+        a.seconds = a.bytes_per_step / (tier.gbps * 1e9) + a.calls_per_step * tier.latency_us * 1e-6
+    busy = sum(a.seconds for a in live)
+    first_gather = sum(a.seconds / a.calls_per_step for a in live) if d.zero else 0.0
+    exposed = max(busy - window, 0.0) + first_gather
+    for a in live:  # each axis carries its share of what sticks out
+        a.exposed_s = exposed * a.seconds / busy if busy else 0.0
+        a.hidden_s = max(a.seconds - a.exposed_s, 0.0)
+    return exposed

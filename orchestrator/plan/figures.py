@@ -27,15 +27,16 @@ def _plt():
 def draw_cluster(plan, axis: str = "tp", max_nodes: int = 64):
     """Nodes as rows, GPUs as columns, coloured by the groups of `axis`; every node a
     group straddles is outlined in red. Large clusters show their first `max_nodes` nodes."""
-    from orchestrator.plan.plan import AXIS_GROUPS
+    from orchestrator.plan.axes import AXES
 
     plt = _plt()
-    grid = plan.grid()
+    spec = AXES[axis]
+    grid = plan.grid() if spec.grid == "dense" else plan.expert_grid()
     gpn = plan.spec.hardware.gpus_per_node
     world = grid.world
     nodes = -(-world // gpn)
     shown = min(nodes, max_nodes)
-    groups = grid.groups(AXIS_GROUPS.get(axis, (axis,)))
+    groups = grid.groups(spec.members)
     group_of = np.empty(world, dtype=np.int64)
     for gi, members in enumerate(groups):
         group_of[members] = gi
@@ -59,8 +60,7 @@ def draw_cluster(plan, axis: str = "tp", max_nodes: int = 64):
                                label="straddled" if n == outlined_shown[0] else None))
     ax.set_xlabel("GPU in node")
     ax.set_ylabel("node")
-    d = plan.degrees
-    ax.set_title(f"{axis.upper()} groups (size {grid.sizes.get(axis, 1) if axis != 'dp' else d.dp * d.cp}), "
+    ax.set_title(f"{axis.upper()} groups (size {groups.shape[1]}), "
                  f"order {'-'.join(plan.order)}\nred outline = a node that a group straddles"
                  + (f" (first {shown} of {nodes} nodes)" if shown < nodes else ""), fontsize=8)
     ax.set_xticks(range(gpn))
@@ -91,8 +91,7 @@ def draw_step_budget(plans: list, labels: list[str] | None = None):
 
 
 def _label(p) -> str:
-    d = p.degrees
-    return f"TP{d.tp} CP{d.cp} PP{d.pp} DP{d.dp}" if d else "invalid"
+    return p.layout.label() if p.layout else "invalid"
 
 
 def write_figures(plan, out_dir: Path) -> dict[str, Path]:

@@ -4,25 +4,25 @@ Model states are 16 bytes per parameter (bf16 weights 2, bf16 gradients 2, fp32
 master weights and Adam m and v 12), divided by TP x PP (each GPU holds its
 stage's shard), and by the data-parallel group for whatever ZeRO/FSDP shards:
 stage 1 the optimizer, 2 also gradients, 3 also weights. FSDP shards over data
-x context ranks, as torchtitan does. Expert weights are further divided by EP
-and sharded over the expert-data-parallel group (dp x cp / ep).
+x context ranks, as torchtitan does. Expert weights are divided by the expert
+grid's etp x ep and sharded over its expert-data-parallel group (edp).
 
 Optimizer bytes per parameter are `training.optimizer_bytes` (12 by default).
-DualPipe keeps two copies of weights and gradients (DeepSeek-V3, Sec. 3.2.1).
+Schedules that keep several copies of the weights (DeepSeek's DualPipe: two, Sec.
+3.2.1) say so in their registry entry (config/schedules.py).
 
 Activations per micro-batch are the layer's bytes per token (model.py) x tokens
 per GPU (s/cp x b), divided by TP (sequence parallelism shards what TP does
-not). The number of micro-batches in flight depends on the schedule: GPipe
-keeps all m; 1F1B keeps pp - i on stage i (the first stage a whole model's
-worth of layers); interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti
-et al. 2022).
+not). The number of micro-batches in flight is the schedule's: GPipe keeps all m;
+1F1B keeps pp - i on stage i (the first stage a whole model's worth of layers);
+interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti et al. 2022).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from orchestrator.plan.stages import Stage
-from orchestrator.plan.validate import Degrees
+from orchestrator.plan.layout import Layout
 
 GiB = 1024**3
 # FP8 training caches the inputs of linear layers in one byte instead of two; they are
@@ -53,32 +53,24 @@ class Memory:
         return out
 
 
-def in_flight(d: Degrees, stage: int) -> float:
+def in_flight(d: Layout, stage: int) -> float:
     """Micro-batches whose activations a stage holds at its peak."""
-    m, p, v = d.microbatches, d.pp, d.vp
-    if p == 1:
+    if d.pp == 1:
         return 1.0
-    if d.schedule == "gpipe":
-        return float(m)
-    held = float(min(p - stage, m))
-    if d.schedule == "interleaved_1f1b" and v > 1:
-        held *= 1.0 + (p - 1) / (p * v)
-    elif d.schedule == "dualpipe":
-        held = float(min(p + 1, m))  # DualPipe keeps PP+1 micro-batches (DeepSeek-V3, Table 2)
-    return held
+    return d.schedule.held(d.pp, d.vp, d.microbatches, stage)
 
 
-def stage_memory(st: Stage, d: Degrees, hw, tr, vocab: int) -> Memory:
+def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
     t, c = d.tp, d.cp
     dense = (st.params - st.expert_params) / t
-    expert = st.expert_params / (t * d.ep)
+    expert = st.expert_params / (d.etp * d.ep)
     shard = d.dp * c  # FSDP / ZeRO group of dense weights
-    eshard = max(shard // d.ep, 1)
+    eshard = d.edp  # ... and of expert weights
 
     def sharded(level: int) -> float:
         return dense / (shard if d.zero >= level else 1) + expert / (eshard if d.zero >= level else 1)
 
-    copies = 2.0 if d.schedule == "dualpipe" else 1.0  # DualPipe holds two copies (DeepSeek-V3, 3.2.1)
+    copies = float(d.schedule.weight_copies)
     params = copies * 2.0 * sharded(3)
     grads = copies * 2.0 * sharded(2)
     optimizer = tr.optimizer_bytes * sharded(1)
@@ -95,6 +87,6 @@ def stage_memory(st: Stage, d: Degrees, hw, tr, vocab: int) -> Memory:
     return Memory(params, grads, optimizer, acts, other, total, hw.gpu_memory_gb * GiB, st.index)
 
 
-def inventory(stages: list[Stage], d: Degrees, hw, tr, vocab: int) -> Memory:
+def inventory(stages: list[Stage], d: Layout, hw, tr, vocab: int) -> Memory:
     """The worst stage's memory (the one that decides whether the layout fits)."""
     return max((stage_memory(st, d, hw, tr, vocab) for st in stages), key=lambda mem: mem.per_gpu_bytes)

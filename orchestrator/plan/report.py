@@ -19,82 +19,113 @@ def _fmt_s(s: float) -> str:
     return f"{s:.3f} s" if s >= 0.1 else f"{s * 1e3:.2f} ms"
 
 
+def _fmt_count(n: float) -> str:
+    for unit, k in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def _fmt_mem(b: float) -> str:
+    """Bytes in GiB, or MiB/KiB when that would print 0.00."""
+    for unit, k in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= 0.01 * k or unit == "KiB":
+            return f"{b / k:8.2f} {unit}"
+    return f"{b:8.0f} B"
+
+
+def _fmt_flops(tflops: float) -> str:
+    for unit, k in (("TFLOP/s", 1.0), ("GFLOP/s", 1e-3), ("MFLOP/s", 1e-6)):
+        if tflops >= k:
+            return f"{tflops / k:.1f} {unit}"
+    return f"{tflops * 1e12:.0f} FLOP/s"
+
+
 def _lines(plan) -> list[str]:
     sp = plan.spec
-    L = []
-    title = f"{sp.model.name} on {plan.world_size} x {sp.hardware.name} ({sp.cluster.nodes} nodes x {sp.hardware.gpus_per_node})"
-    if getattr(sp, "recipe_name", None):
-        title = f"recipe {sp.recipe_name}: " + title
-    L.append(title)
-    L.append("=" * len(title))
-    d = plan.degrees
-    if d:
-        L.append(f"layout   TP{d.tp} CP{d.cp} PP{d.pp} DP{d.dp}" + (f" EP{d.ep}" if d.ep > 1 else "") +
-                 (f" VP{d.vp}" if d.vp > 1 else "") + f"  order (innermost first) {'-'.join(plan.order)}")
-        L.append(f"batch    global {sp.training.global_batch} x seq {sp.training.seq_len}, micro-batch "
-                 f"{sp.training.micro_batch}, {d.microbatches} micro-batches, schedule {d.schedule}, "
-                 f"recompute {sp.training.recompute}, ZeRO-{d.zero}")
-        if d.pp > 1 and len(set(d.stage_layers)) > 1:
-            L.append(f"stages   layers per stage {d.stage_layers}")
-    if plan.params:
-        L.append(f"model    {plan.params / 1e9:.1f}B parameters" +
-                 (f" ({plan.active_params / 1e9:.1f}B active)" if plan.active_params != plan.params else ""))
+    if sp is None:
+        return [f"ERROR {e}" for e in plan.errors]
+    L = _header(plan)
     if plan.memory:
-        m = plan.memory
-        L.append("")
-        L.append(f"memory per GPU (stage {m.stage}, the fullest)    {'fits' if m.fits else 'DOES NOT FIT'}")
-        for k in ("params", "grads", "optimizer", "activations", "other"):
-            L.append(f"  {k:<12} {getattr(m, k) / GiB:8.2f} GiB")
-        L.append(f"  {'total':<12} {m.per_gpu_bytes / GiB:8.2f} GiB of {m.capacity_bytes / GiB:.0f} GiB")
+        L += _memory(plan)
     if plan.step:
-        st = plan.step
-        L.append("")
-        L.append(f"step-time budget (roofline; slowest stage {st.stage})")
-        for key, label in STEP_PARTS:
-            v = getattr(st, key)
-            if v > 0 or key in ("compute",):
-                L.append(f"  {label:<16} {_fmt_s(v):>12}  {v / st.total_s:6.1%}")
-        L.append(f"  {'total':<16} {_fmt_s(st.total_s):>12}")
-        L.append(f"  predicted wall-clock step {st.wall_s:.3f} s at kernel efficiency "
-                 f"{sp.hardware.kernel_efficiency:.2f}")
-        L.append(f"  MFU {plan.mfu:.1%}   HFU {plan.hfu:.1%}   {plan.tflops_per_gpu:.0f} TFLOP/s per GPU   "
-                 f"{plan.tokens_per_s:,.0f} tokens/s")
-        pub = getattr(sp, "published", None)
-        if pub is not None and pub.mfu is not None:
-            ours = plan.hfu if pub.metric == "hfu" else plan.mfu
-            L.append(f"  published {pub.metric.upper()} {pub.mfu:.1%} ({pub.tflops_per_gpu} TFLOP/s) vs predicted "
-                     f"{ours:.1%}: {100 * (ours - pub.mfu):+.1f} points  [{pub.source}]")
-        L.append("")
-        L.append("axes (busiest first)")
-        L.append(f"  {'axis':<4} {'size':>5}  {'collective':<38} {'calls/step':>10} {'bytes/step/GPU':>15} "
-                 f"{'tier':<8} {'GB/s':>6} {'time':>10} {'exposed':>10}")
-        for name in plan.order:
-            a = plan.axes.get(name)
-            if a is None or a.size <= 1:
-                continue
-            L.append(f"  {a.name:<4} {a.size:>5}  {a.collective:<38} {a.calls_per_step:>10.0f} "
-                     f"{_fmt_bytes(a.bytes_per_step):>15} {a.tier:<8} {a.gbps:>6.1f} {_fmt_s(a.seconds):>10} "
-                     f"{_fmt_s(a.exposed_s):>10}")
-        br = plan.blast_radius
-        L.append("")
-        L.append(f"blast radius  {br['gpus_per_replica']} GPUs per replica must be alive together; one node "
-                 f"failure takes down {br['replicas_lost_per_node_failure']} of {br['replicas']} replicas")
-        if br["checkpoint_interval_s"]:
-            L.append(f"  job MTBF {br['job_mtbf_hours']:.1f} h; checkpoint {_fmt_bytes(br['checkpoint_bytes'])} "
-                     f"in {br['checkpoint_seconds']:.1f} s; Young/Daly interval "
-                     f"{br['checkpoint_interval_s'] / 60:.1f} min (overhead {br['expected_overhead']:.1%})")
+        L += _budget(plan) + _axes(plan) + _blast(plan)
     if plan.search:
-        L.append("")
-        L.append("layout search (ranked by predicted step time)")
+        L += ["", "layout search (ranked by predicted step time)"]
         for row in plan.search.get("top", []):
             L.append(f"  #{row['rank']}: {row['layout']}  step {row['wall_s']:.2f} s  MFU {row['mfu']:.1%}  "
                      f"memory {row['memory_gib']:.1f} GiB")
-        for why in plan.search.get("rejected", [])[:8]:
-            L.append(f"  - {why}")
-    for w in plan.warnings:
-        L.append(f"warning: {w}")
-    for e in plan.errors:
-        L.append(f"ERROR {e}")
+        L += [f"  - {why}" for why in plan.search.get("rejected", [])[:8]]
+    L += [f"warning: {w}" for w in plan.warnings]
+    return L + [f"ERROR {e}" for e in plan.errors]
+
+
+def _header(plan) -> list[str]:
+    sp, d = plan.spec, plan.layout
+    title = f"{sp.model.name} on {plan.world_size} x {sp.hardware.name} ({sp.cluster.nodes} nodes x {sp.hardware.gpus_per_node})"
+    if sp.recipe_name:
+        title = f"recipe {sp.recipe_name}: " + title
+    L = [title, "=" * len(title)]
+    if d:
+        L.append(f"layout   {d.label()}  order (innermost first) {'-'.join(plan.order)}")
+        L.append(f"batch    global {sp.training.global_batch} x seq {sp.training.seq_len}, micro-batch "
+                 f"{sp.training.micro_batch}, {d.microbatches} micro-batches, schedule {d.schedule.name}, "
+                 f"recompute {sp.training.recompute.value}, ZeRO-{d.zero}")
+        if d.pp > 1 and len(set(d.stage_layers)) > 1:
+            L.append(f"stages   layers per stage {d.stage_layers}")
+    if plan.params:
+        L.append(f"model    {_fmt_count(plan.params)} parameters" +
+                 (f" ({_fmt_count(plan.active_params)} active)" if plan.active_params != plan.params else ""))
+    return L
+
+
+def _memory(plan) -> list[str]:
+    m = plan.memory
+    L = ["", f"memory per GPU (stage {m.stage}, the fullest)    {'fits' if m.fits else 'DOES NOT FIT'}"]
+    L += [f"  {k:<12} {_fmt_mem(getattr(m, k))}" for k in ("params", "grads", "optimizer", "activations", "other")]
+    return L + [f"  {'total':<12} {_fmt_mem(m.per_gpu_bytes)} of {m.capacity_bytes / GiB:g} GiB"]
+
+
+def _budget(plan) -> list[str]:
+    sp, st = plan.spec, plan.step
+    L = ["", f"step-time budget (roofline; slowest stage {st.stage})"]
+    L += [f"  {label:<16} {_fmt_s(getattr(st, key)):>12}  {getattr(st, key) / st.total_s:6.1%}"
+          for key, label in STEP_PARTS if getattr(st, key) > 0 or key == "compute"]
+    L.append(f"  {'total':<16} {_fmt_s(st.total_s):>12}")
+    L.append(f"  predicted wall-clock step {_fmt_s(st.wall_s)} at kernel efficiency "
+             f"{sp.hardware.kernel_efficiency:.2f} (hardware={sp.hardware.name})")
+    L.append(f"  MFU {plan.mfu:.1%}   HFU {plan.hfu:.1%}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
+             f"{plan.tokens_per_s:,.0f} tokens/s")
+    pub = sp.published
+    if pub is not None and pub.mfu is not None:
+        ours = plan.hfu if pub.metric == "hfu" else plan.mfu
+        tflops = f" ({pub.tflops_per_gpu:g} TFLOP/s)" if pub.tflops_per_gpu is not None else ""
+        L.append(f"  published {pub.metric.value.upper()} {pub.mfu:.1%}{tflops} vs predicted "
+                 f"{ours:.1%}: {100 * (ours - pub.mfu):+.1f} points  [{pub.source}]")
+    return L
+
+
+def _axes(plan) -> list[str]:
+    L = ["", "axes (busiest first)",
+         f"  {'axis':<4} {'size':>5}  {'collective':<38} {'calls/step':>10} {'bytes/step/GPU':>15} "
+         f"{'tier':<8} {'GB/s':>6} {'time':>10} {'exposed':>10}"]
+    names = [a for a in plan.order if a in plan.axes] + [a for a in plan.axes if a not in plan.order]
+    for a in (plan.axes[n] for n in names):
+        if a.size > 1 and (a.calls_per_step or a.name in ("tp", "cp", "pp")):
+            L.append(f"  {a.name:<4} {a.size:>5}  {a.collective:<38} {a.calls_per_step:>10.0f} "
+                     f"{_fmt_bytes(a.bytes_per_step):>15} {a.tier:<8} {a.gbps:>6.1f} {_fmt_s(a.seconds):>10} "
+                     f"{_fmt_s(a.exposed_s):>10}")
+    return L
+
+
+def _blast(plan) -> list[str]:
+    br = plan.blast_radius
+    L = ["", f"blast radius  {br['gpus_per_replica']} GPUs per replica must be alive together; one node "
+             f"failure takes down {br['replicas_lost_per_node_failure']} of {br['replicas']} replicas"]
+    if br["checkpoint_interval_s"]:
+        L.append(f"  job MTBF {br['job_mtbf_hours']:.1f} h; checkpoint {_fmt_bytes(br['checkpoint_bytes'])} "
+                 f"in {_fmt_s(br['checkpoint_seconds'])}; Young/Daly interval "
+                 f"{br['checkpoint_interval_s'] / 60:.1f} min (overhead {br['expected_overhead']:.1%})")
     return L
 
 

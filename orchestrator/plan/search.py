@@ -13,13 +13,17 @@ For the chosen layout it says why each neighbour lost.
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass
-from types import SimpleNamespace
 
+from orchestrator.config.errors import Problem
+from orchestrator.config.schema import Config, Recompute, Schedule
 from orchestrator.plan.inventory import GiB
+from orchestrator.plan.judge import memory_only
+from orchestrator.plan.layout import layout_label
 from orchestrator.plan.model import ModelMath
-from orchestrator.plan.validate import uneven_split
+from orchestrator.plan.plan import Plan, plan_spec
+from orchestrator.plan.validate import uneven_split, validate
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -37,23 +41,17 @@ class Candidate:
         return (self.tp, self.cp, self.pp, self.dp, self.ep)
 
     def label(self) -> str:
-        return f"TP{self.tp} CP{self.cp} PP{self.pp} DP{self.dp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+        return layout_label(self.tp, self.cp, self.pp, self.dp, self.ep)
 
 
-def _variant(spec, c: Candidate, *, schedule: str, vp: int, recompute: str, micro_batch: int):
-    """A shallow copy of spec with this layout; the model and hardware are shared."""
-    s = copy.copy(spec)
-    s.layout = SimpleNamespace(**vars(spec.layout))
-    s.training = SimpleNamespace(**vars(spec.training))
-    s.schedule = SimpleNamespace(**vars(spec.schedule))
+def _variant(spec: Config, c: Candidate, *, schedule: str, vp: int, recompute: str, micro_batch: int) -> Config:
+    """spec with this layout; the model and hardware are shared, not copied."""
     L = spec.model.layers
-    s.layout.tp, s.layout.cp, s.layout.pp, s.layout.dp, s.layout.ep, s.layout.vp = c.tp, c.cp, c.pp, c.dp, c.ep, vp
-    s.layout.search = False
-    s.layout.stage_layers = uneven_split(L, c.pp) if L % c.pp else None
-    s.layout.order = spec.layout.order
-    s.training.recompute, s.training.micro_batch = recompute, micro_batch
-    s.schedule.name, s.schedule.microbatches = schedule, None
-    return s
+    layout = dataclasses.replace(spec.layout, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, vp=vp, search=False,
+                                 stage_layers=uneven_split(L, c.pp) if L % c.pp else None)
+    training = dataclasses.replace(spec.training, recompute=Recompute(recompute), micro_batch=micro_batch)
+    sched = dataclasses.replace(spec.schedule, name=Schedule[schedule], microbatches=None)
+    return dataclasses.replace(spec, layout=layout, training=training, schedule=sched)
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -82,8 +80,8 @@ def candidates(spec) -> list[Candidate]:
                 dp = world // mp
                 if tr.global_batch % dp:
                     continue
-                for e in eps:
-                    if dp % e == 0:
+                for e in eps:  # the expert grid (etp = tp) must tile the world too
+                    if world % (t * e * p) == 0:
                         out.append(Candidate(t, c, p, dp, e))
     return out
 
@@ -105,9 +103,8 @@ def _schedules(spec, c: Candidate, micro_batch: int, refine: bool) -> list[tuple
 
 
 def _best_for(spec, c: Candidate, mm: ModelMath, refine: bool, micro_batches=(1,)):
-    """The fastest fitting settings for one degree tuple, or why none fits."""
-    from orchestrator.plan.plan import plan_memory_only, plan_spec
-
+    """The fastest fitting settings for one degree tuple (and a note when it needs
+    recomputation to fit), or why none fits."""
     best, smallest_mem, reason, no_recompute = None, None, None, None
     for b in micro_batches:
         if spec.training.global_batch % (c.dp * b):
@@ -115,7 +112,7 @@ def _best_for(spec, c: Candidate, mm: ModelMath, refine: bool, micro_batches=(1,
         for schedule, vp in _schedules(spec, c, b, refine):
             for rec in RECOMPUTE:
                 var = _variant(spec, c, schedule=schedule, vp=vp, recompute=rec, micro_batch=b)
-                mem = plan_memory_only(var, mm)
+                mem = memory_only(var, mm)
                 if mem is None:  # structurally invalid whatever the recompute
                     reason = reason or f"{c.label()}: {_first_problem(var)}"
                     break
@@ -132,19 +129,18 @@ def _best_for(spec, c: Candidate, mm: ModelMath, refine: bool, micro_batches=(1,
                 if best is None or plan.step.wall_s < best.step.wall_s:
                     best = plan
                 break  # more recomputation only adds work
+    note = None
     if best is not None and best.spec.training.recompute != "none" and no_recompute is not None:
-        best.search = {"note": f"does not fit without recompute: {no_recompute.per_gpu_bytes / GiB:.1f} GiB > "
-                               f"{no_recompute.capacity_bytes / GiB:.0f} GiB; fits with "
-                               f"recompute={best.spec.training.recompute}"}
+        note = (f"does not fit without recompute: {no_recompute.per_gpu_bytes / GiB:.1f} GiB > "
+                f"{no_recompute.capacity_bytes / GiB:.0f} GiB; fits with "
+                f"recompute={best.spec.training.recompute.value}")
     if best is None and smallest_mem is not None:
         reason = (f"{c.label()} does not fit: {smallest_mem.per_gpu_bytes / GiB:.1f} GiB > "
                   f"{smallest_mem.capacity_bytes / GiB:.0f} GiB even with full recompute")
-    return best, reason
+    return best, reason, note
 
 
 def _first_problem(spec) -> str:
-    from orchestrator.plan.validate import validate
-
     _, problems, _ = validate(spec)
     return problems[0].message if problems else "not valid"
 
@@ -157,35 +153,32 @@ def _gib(reason: str) -> float:
 
 
 def _row(rank: int, plan) -> dict:
-    d, sp = plan.degrees, plan.spec
+    d, tr = plan.layout, plan.spec.training
     return {"rank": rank, "tp": d.tp, "cp": d.cp, "pp": d.pp, "dp": d.dp, "ep": d.ep, "vp": d.vp,
-            "schedule": d.schedule, "recompute": sp.training.recompute, "micro_batch": sp.training.micro_batch,
-            "layout": f"TP{d.tp} CP{d.cp} PP{d.pp} DP{d.dp}" + (f" EP{d.ep}" if d.ep > 1 else "") +
-                      f" {d.schedule}" + (f" vp{d.vp}" if d.vp > 1 else "") +
-                      f" mb{sp.training.micro_batch} recompute={sp.training.recompute}",
+            "schedule": d.schedule.name, "recompute": tr.recompute.value, "micro_batch": tr.micro_batch,
+            "layout": f"{d.label()} {d.schedule.name} mb{tr.micro_batch} recompute={tr.recompute.value}",
             "wall_s": plan.step.wall_s, "total_s": plan.step.total_s, "mfu": plan.mfu,
             "memory_gib": plan.memory.per_gpu_bytes / GiB,
             "budget": {k: getattr(plan.step, k) for k in ("compute", "tp", "cp", "ep", "pp_bubble", "p2p",
                                                             "dp_exposed")}}
 
 
-def search(spec, refine_top: int = 5):
+def search(spec: Config, refine_top: int = 5):
     """Plan every candidate; return the best plan with the ranking in `plan.search`."""
-    from orchestrator.plan.plan import Plan
-
     mm = ModelMath(spec.model)
     cands = candidates(spec)
-    results, reasons = {}, {}
+    results: dict[tuple, tuple] = {}  # key -> (candidate, plan, note)
+    reasons: dict[tuple, str] = {}
 
     def run(pool):
         for c in pool:
-            best, why = _best_for(spec, c, mm, refine=False)
+            best, why, note = _best_for(spec, c, mm, refine=False)
             if best is not None:
-                results[c.key] = (c, best)
+                results[c.key] = (c, best, note)
             else:
                 reasons[c.key] = why or f"{c.label()} is not valid"
 
-    # Seed 1: context parallelism only if the sequence does not fit without it.
+    # Context parallelism only if the sequence does not fit without it.
     run([c for c in cands if c.cp == 1])
     why_cp = None
     if not results and any(c.cp > 1 for c in cands):
@@ -195,27 +188,32 @@ def search(spec, refine_top: int = 5):
         why_cp = (f"CP > 1 because none of the {len(no_cp)} layouts without context parallelism is valid and "
                   f"fits: " + "; ".join(mem + other))
         run([c for c in cands if c.cp > 1])
-    ranked = sorted(results.values(), key=lambda cp: cp[1].step.wall_s)
-    for c, _ in ranked[:refine_top]:  # phase 2: micro-batch size, virtual stages, schedule
-        best, _ = _best_for(spec, c, mm, refine=True, micro_batches=(1, 2, 4))
+    ranked = sorted(results.values(), key=lambda r: r[1].step.wall_s)
+    for c, _, _ in ranked[:refine_top]:  # phase 2: micro-batch size, virtual stages, schedule
+        best, _, note = _best_for(spec, c, mm, refine=True, micro_batches=(1, 2, 4))
         if best is not None and best.step.wall_s < results[c.key][1].step.wall_s:
-            results[c.key] = (c, best)
-    ranked = sorted(results.values(), key=lambda cp: cp[1].step.wall_s)
+            results[c.key] = (c, best, note)
+    ranked = sorted(results.values(), key=lambda r: r[1].step.wall_s)
     if not ranked:
-        world = spec.cluster.nodes * spec.hardware.gpus_per_node
-        from orchestrator.plan.errors import Problem
-
-        why = sorted(set(reasons.values()))[:5]
-        return Plan(valid=False, world_size=world, spec=spec, warnings=[], errors=[Problem(
-            "layout", f"no layout of {len(cands)} candidates fits {spec.model.name} on {world} GPUs: "
-                      + "; ".join(why), "add nodes, shorten training.seq_len, or lower training.global_batch.")],
-            search={"candidates": len(cands), "top": [], "rejected": why})
-    chosen_c, chosen = ranked[0]
-    top = [_row(i + 1, p) for i, (_, p) in enumerate(ranked[: max(spec.search.top, 3)])]
-    note = (chosen.search or {}).get("note")
+        return _nothing_fits(spec, cands, reasons)
+    chosen_c, chosen, note = ranked[0]
+    top = [_row(i + 1, p) for i, (_, p, _) in enumerate(ranked[: max(spec.search.top, 3)])]
     chosen.search = {"candidates": len(cands), "fitting": len(ranked), "top": top, "note": note,
                      "rejected": ([why_cp] if why_cp else []) + _neighbours(chosen_c, chosen, results, reasons, spec)}
     return chosen
+
+
+def _nothing_fits(spec: Config, cands: list[Candidate], reasons: dict):
+    world = spec.cluster.nodes * spec.hardware.gpus_per_node
+    why = sorted(set(reasons.values()))[:5]
+    if not cands:
+        why = [f"no tp (dividing the {spec.hardware.gpus_per_node}-GPU node and the {spec.model.heads} heads) x "
+               f"cp x pp (at most {min(spec.model.layers, 128)} stages) leaves a dp that divides {world} GPUs "
+               f"and the global batch of {spec.training.global_batch}"]
+    return Plan(valid=False, world_size=world, spec=spec, warnings=[], errors=[Problem(
+        "layout", f"no layout of {len(cands)} candidates fits {spec.model.name} on {world} GPUs: " + "; ".join(why),
+        "add nodes, shorten training.seq_len, or change training.global_batch to a multiple of more dp sizes.")],
+        search={"candidates": len(cands), "top": [], "rejected": why})
 
 
 def _neighbours(c: Candidate, chosen, results, reasons, spec) -> list[str]:
@@ -233,8 +231,7 @@ def _neighbours(c: Candidate, chosen, results, reasons, spec) -> list[str]:
                 continue
             n = Candidate(deg["tp"], deg["cp"], deg["pp"], world // mp, c.ep)
             if n.key in results:
-                other = results[n.key][1]
-                note = (other.search or {}).get("note")
+                _, other, note = results[n.key]
                 out.append(f"{n.label()} is slower: {other.step.wall_s:.2f} s vs {chosen.step.wall_s:.2f} s per "
                            f"step ({100 * (other.step.wall_s / chosen.step.wall_s - 1):+.0f}%), MFU "
                            f"{other.mfu:.1%}" + (f" ({n.label()} {note})" if note else ""))
@@ -242,7 +239,7 @@ def _neighbours(c: Candidate, chosen, results, reasons, spec) -> list[str]:
                 out.append(reasons[n.key])
             elif n.cp > 1 and c.cp == 1:
                 out.append(f"{n.label()} was not considered: context parallelism only when the sequence does "
-                           f"not fit without it (seed 1), and {c.label()} fits")
+                           f"not fit without it, and {c.label()} fits")
             elif n.tp > spec.hardware.gpus_per_node:
                 out.append(f"{n.label()}: TP{n.tp} would leave the {spec.hardware.gpus_per_node}-GPU NVLink "
                            f"domain (tensor parallelism stays inside a node)")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
-from orchestrator.plan.validate import Degrees
 
 
 @dataclass(frozen=True)
 class Stage:
+    """One pipeline rank: every layer of every model chunk it runs."""
+
     index: int
     layers: tuple[int, ...]
     moe_layers: int
@@ -27,19 +29,22 @@ class Stage:
     outputs: bool
 
 
-def build_stages(mm: ModelMath, d: Degrees, seq_len: int, recompute: str, flash: bool,
+def build_stages(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: bool,
                  attention_flops: bool) -> list[Stage]:
     tab = mm.table(seq_len, recompute, flash, attention_flops)
-    stages = []
-    start = 0
+    ranges = d.virtual_stages()
+    last_stage = len(ranges) - 1
     V, h = mm.V, mm.h
-    for i, n in enumerate(d.stage_layers):
-        a, b = start, start + n
-        start = b
-        first, last = i == 0, i == d.pp - 1
-        params = tab.params[b] - tab.params[a]
-        model = tab.model[b] - tab.model[a]
-        hw = tab.hw[b] - tab.hw[a]
+    stages = []
+    for r in range(d.pp):
+        mine = d.schedule.stages_of_rank(r, d.pp, d.vp)
+        spans = [ranges[j] for j in mine]
+
+        def total(prefix: list) -> float:
+            return sum(prefix[b] - prefix[a] for a, b in spans)
+
+        params, model, hw = total(tab.params), total(tab.model), total(tab.hw)
+        first, last = 0 in mine, last_stage in mine
         # Embedding and output layer: 6 x their parameters per token (the 6N convention).
         if first:
             params += mm.embed_params
@@ -50,10 +55,11 @@ def build_stages(mm: ModelMath, d: Degrees, seq_len: int, recompute: str, flash:
             params += (mm.output_params or (mm.embed_params if d.pp > 1 else 0)) + h
             model += 6.0 * V * h
             hw += 6.0 * V * h
+        layers = tuple(i for a, b in spans for i in range(a, b))
         stages.append(Stage(
-            index=i, layers=tuple(range(a, b)), moe_layers=tab.moe[b] - tab.moe[a],
-            params=params, expert_params=tab.expert[b] - tab.expert[a], model_flops_tok=model, hw_flops_tok=hw,
-            act_tok=tab.act[b] - tab.act[a], act_tok_layer_max=max(tab.act_none_per_layer[a:b], default=0.0),
+            index=r, layers=layers, moe_layers=int(total(tab.moe)), params=params,
+            expert_params=total(tab.expert), model_flops_tok=model, hw_flops_tok=hw, act_tok=total(tab.act),
+            act_tok_layer_max=max((tab.act_none_per_layer[i] for i in layers), default=0.0),
             embeds=first, outputs=last,
         ))
     return stages

@@ -4,11 +4,9 @@ As in Megatron-Core's RankGenerator, the order lists the axes innermost first.
 The innermost axis owns consecutive ranks, which share a node. A rank's
 coordinate on an axis is (rank // stride) % size, where the stride is the
 product of the sizes of the axes inside it; a group of an axis is every rank
-that agrees on all other coordinates. The same rule serves any order.
-
-Expert parallelism is carved out of data parallelism (Megatron / DeepSeek): the
-grid has an `ep` axis and a `dp` axis of size dp/ep, and the data-parallel
-group of dense parameters is `ep` and `dp` together.
+that agrees on all other coordinates. The same rule serves any order, and any
+grid: the dense one (tp, cp, dp, pp) and the expert one (etp, ep, edp, pp) are
+two grids over the same ranks from one order string (plan/layout.py).
 """
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-AXES = ("tp", "cp", "ep", "dp", "pp")
+AXES = ("tp", "cp", "ep", "dp", "pp")  # the tokens of an order string (Megatron's default order)
 
 
 class OrderError(ValueError):
@@ -30,8 +28,10 @@ def parse_order(order) -> list[str] | None:
         return None
     if isinstance(order, str):
         items = [x.strip().lower() for x in order.replace(",", "-").replace(" ", "-").split("-") if x.strip()]
-    else:
+    elif isinstance(order, (list, tuple)):
         items = [str(x).strip().lower() for x in order]
+    else:
+        raise OrderError(f"must be 'auto', a list of axis names or a 'tp-cp-ep-dp-pp' string, got {type(order).__name__}")
     unknown = [x for x in items if x not in AXES]
     if unknown:
         raise OrderError(f"unknown axis name(s) {unknown}; use the names {list(AXES)}")
@@ -64,8 +64,8 @@ class RankGrid:
     """Sizes per axis and an innermost-first order -> coordinates and groups."""
 
     def __init__(self, sizes: dict[str, int], order: list[str]):
-        self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
         self.order = list(order)
+        self.sizes = {a: int(sizes.get(a, 1)) for a in self.order}
         self.strides: dict[str, int] = {}
         s = 1
         for a in self.order:
@@ -84,6 +84,10 @@ class RankGrid:
         # C order: the outermost axis first, so the innermost axis is the last dimension.
         shape = [self.sizes[a] for a in reversed(self.order)]
         return np.arange(self.world, dtype=np.int64).reshape(shape)
+
+    def ranks_cube(self) -> np.ndarray:
+        """Every rank, indexed by coordinates outermost axis first."""
+        return self._cube
 
     def groups(self, axes) -> np.ndarray:
         """Every group of the given axis (or axes, flattened): shape [n_groups, group_size].

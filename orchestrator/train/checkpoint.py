@@ -1,102 +1,15 @@
-"""Distributed checkpoints (DCP) on any fsspec URL, resharded on load.
+"""Distributed checkpoints (DCP) on any fsspec URL, resharded on load: the torch side.
 
-Layout of a checkpoint directory (`training.checkpoint.dir`, default RUN_DIR/checkpoints):
-
-    step_00000004/           one save: DCP shards + .metadata, then meta.json
-    step_00000004/COMPLETE   written last, by rank 0, after every rank finished writing
-
-Only a save with COMPLETE is ever loaded ("latest" = the highest complete step);
-a directory without it is an interrupted save and is deleted at the next save or
-load. Model and optimizer state are logical tensors keyed by the model's own
-parameter names (`torch.distributed.checkpoint.state_dict` helpers, optimizer
-state flattened so a different PP split loads it), so any TP/PP/DP layout can
-load any other's checkpoint. meta.json holds the step to resume at (the data
-position: the stream is indexed by step), the model shape and batch the run
-had, and the plan that wrote it. The reading side used before launching
-(`latest_complete`, `read_meta`) needs no torch.
+Where saves live, which one is the latest and what a resume may change is the
+torch-free half in plan/checkpoints.py.
 """
 from __future__ import annotations
 
 import json
-import re
 
-STEP_DIR = re.compile(r"step_(\d{8})$")
-MARKER = "COMPLETE"
+from orchestrator.plan.checkpoints import MARKER, fs_of, clean_incomplete, step_dir
 
 
-def _fs(url: str):
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs, path.rstrip("/")
-
-
-def url_for(setting: str | None, run_dir) -> str:
-    """`training.checkpoint.dir`, or RUN_DIR/checkpoints when it is unset."""
-    return setting or str(run_dir) + "/checkpoints"
-
-
-def step_dir(url: str, step: int) -> str:
-    return f"{url.rstrip('/')}/step_{step:08d}"
-
-
-def list_saves(url: str) -> list[tuple[int, str, bool]]:
-    """(step, path, complete) for every save under `url`, oldest first."""
-    fs, root = _fs(url)
-    if not fs.exists(root):
-        return []
-    out = []
-    for p in fs.ls(root, detail=False):
-        m = STEP_DIR.search(p.rstrip("/"))
-        if m:
-            out.append((int(m.group(1)), p.rstrip("/"), fs.exists(f"{p.rstrip('/')}/{MARKER}")))
-    return sorted(out)
-
-
-def latest_complete(url: str) -> int | None:
-    done = [s for s, _, ok in list_saves(url) if ok]
-    return done[-1] if done else None
-
-
-def read_meta(url: str, step: int) -> dict:
-    fs, _ = _fs(url)
-    _, path = _fs(step_dir(url, step))
-    with fs.open(f"{path}/meta.json", "r") as f:
-        return json.load(f)
-
-
-def clean_incomplete(url: str, keep: int | None = None) -> list[int]:
-    """Delete interrupted saves, and complete ones beyond the newest `keep`. Returns deleted steps."""
-    fs, _ = _fs(url)
-    saves = list_saves(url)
-    removed = []
-    complete = [s for s, _, ok in saves if ok]
-    keep_steps = set(complete[-keep:]) if keep else set(complete)
-    for s, path, ok in saves:
-        if not ok or s not in keep_steps:
-            fs.rm(path, recursive=True)
-            removed.append(s)
-    return removed
-
-
-SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "head_dim", "mlp", "tied_embeddings")
-
-
-def compatibility_problems(meta: dict, model: dict, training: dict) -> list[tuple[str, str]]:
-    """(key, message) for every way this run cannot resume from a checkpoint's meta."""
-    out = []
-    for k in SHAPE_KEYS:
-        if meta["model"].get(k) != model.get(k):
-            out.append((f"model.{k}", f"the checkpoint at step {meta['step']} has model.{k}={meta['model'].get(k)!r} "
-                                      f"but this run has {model.get(k)!r}"))
-    for k in ("global_batch", "seq_len"):
-        if meta["training"][k] != training[k] and not training.get("resume", {}).get("allow_batch_change"):
-            out.append((f"training.{k}", f"the checkpoint was trained with training.{k}={meta['training'][k]} "
-                                         f"but this run has {training[k]}"))
-    return out
-
-
-# ---- the torch side ----------------------------------------------------------------------------
 def _options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -131,7 +44,7 @@ class PendingSave:
 
 
 def _mark_complete(url: str, step: int, meta: dict, keep: int) -> None:
-    fs, p = _fs(step_dir(url, step))
+    fs, p = fs_of(step_dir(url, step))
     with fs.open(f"{p}/meta.json", "w") as f:
         json.dump(meta, f, indent=1)
     with fs.open(f"{p}/{MARKER}", "w") as f:

@@ -7,8 +7,10 @@
 - FSDP2 (`fully_shard`) over data x context ranks, as torchtitan does; weights stay
   gathered between forward and backward under pipelining (the zero-bubble + FSDP2
   trap in ../shared/notes/torch-cpu.md).
-- Pipeline: `torch.distributed.pipelining` stages cut from the plan's stage split,
-  run by the configured schedule.
+- Pipeline: `torch.distributed.pipelining` stages cut exactly as plan.json lists them
+  for this pipeline rank, run by the schedule class its registry entry names.
+
+Everything layout-shaped comes from plan.json; nothing here re-derives it.
 """
 from __future__ import annotations
 
@@ -22,17 +24,8 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from orchestrator.plan.validate import stage_ids_of_rank, virtual_stages
+from orchestrator.config.schedules import SCHEDULES
 from orchestrator.train.model import Transformer
-
-SCHEDULES = {
-    "gpipe": S.ScheduleGPipe,
-    "1f1b": S.Schedule1F1B,
-    "interleaved_1f1b": S.ScheduleInterleaved1F1B,
-    "zero_bubble": S.ScheduleInterleavedZeroBubble,
-    "dualpipe": S.ScheduleDualPipeV,
-}
-MULTI_STAGE = {"interleaved_1f1b", "zero_bubble", "dualpipe"}
 
 
 def apply_tp(model: Transformer, tp_mesh, loss_parallel: bool) -> None:
@@ -97,42 +90,49 @@ def apply_fsdp(model: Transformer, dp_mesh, reshard_after_forward: bool, mp: Mix
     fully_shard(model, **kw)
 
 
-def build_model_parts(model_cfg, layout: dict, mesh, coords: dict, seed: int, loss_parallel: bool,
-                      device: torch.device, mp: MixedPrecisionPolicy | None, recompute: str = "none"):
-    """The model parts (virtual pipeline stages) this rank runs, parallelised, with stage ids."""
-    pp, vp, schedule = layout["pp"], layout["vp"], layout["schedule"]
+def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: int, device: torch.device,
+                      mp: MixedPrecisionPolicy | None, recompute: str = "none"):
+    """The model chunks (virtual pipeline stages) this rank runs, parallelised: [(stage id, module)]."""
+    lay, mesh = plan["layout"], meshes["dense"]
     torch.manual_seed(seed)  # every rank builds the same full model, then keeps its share
     full = Transformer(model_cfg)
-    if pp == 1:
+    if lay["pp"] == 1:
         parts = [(0, full)]
     else:
-        n_chunks = vp if schedule in MULTI_STAGE else 1
-        ranges = virtual_stages(layout["stage_layers"], n_chunks)
-        ids = stage_ids_of_rank(coords["pp"], pp, n_chunks)
-        last = pp * n_chunks - 1
-        parts = [(i, copy.deepcopy(full).keep_only(*ranges[i], first=i == 0, last=i == last)) for i in ids]
+        mine = lay["stages"][coords["pp"]]["virtual"]
+        parts = [(v["stage"], copy.deepcopy(full).keep_only(*v["layers"], first=v["first"], last=v["last"]))
+                 for v in mine]
         del full
-    tp, cp, dp = layout["tp"], layout["cp"], layout["dp"]
-    # FSDP shards over data x context ranks (ep is part of the data axis for dense weights).
-    dp_mesh = mesh["dp", "ep", "cp"]._flatten("dp_cp") if dp * cp > 1 else None
+    fsdp_dims = tuple(plan["mesh"]["fsdp"])
+    fsdp = _flat(mesh, fsdp_dims)
     for _, part in parts:
         part.to(device)
-        if tp > 1:
-            apply_tp(part, mesh["tp"], loss_parallel)
-        if cp > 1:
-            apply_cp(part, mesh["cp"].get_group(), cp, coords["cp"])
+        if lay["tp"] > 1:
+            apply_tp(part, mesh["tp"], loss_parallel=True)
+        if lay["cp"] > 1:
+            apply_cp(part, mesh["cp"].get_group(), lay["cp"], coords["cp"])
         apply_recompute(part, recompute)
-        if dp_mesh is not None:
-            apply_fsdp(part, dp_mesh, reshard_after_forward=pp == 1, mp=mp)
+        if fsdp is not None:
+            # Under pipelining the weights stay gathered between forward and backward: the
+            # zero-bubble schedules give wrong gradients otherwise (../shared/notes/torch-cpu.md).
+            apply_fsdp(part, fsdp, reshard_after_forward=lay["pp"] == 1, mp=mp)
     return parts
 
 
-def build_schedule(parts, layout: dict, mesh, device: torch.device, loss_fn, microbatches: int):
-    pp, schedule = layout["pp"], layout["schedule"]
-    n_stages = pp * (layout["vp"] if schedule in MULTI_STAGE else 1)
-    group = mesh["pp"].get_group()
-    stages = [PipelineStage(part, i, n_stages, device, group=group) for i, part in parts]
-    cls = SCHEDULES[schedule]
-    if schedule in MULTI_STAGE:
-        return cls(stages, n_microbatches=microbatches, loss_fn=loss_fn), stages
-    return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn), stages
+def _flat(mesh, dims: tuple[str, ...]):
+    """The sub-mesh over `dims` as one dimension (None when it has a single rank)."""
+    size = 1
+    for d in dims:
+        size *= mesh[d].size()
+    if size == 1:
+        return None
+    return mesh[dims]._flatten("_".join(dims)) if len(dims) > 1 else mesh[dims[0]]
+
+
+def build_schedule(plan: dict, parts, mesh, device: torch.device, loss_fn):
+    """The plan's pipelining schedule over this rank's chunks (torch's class, by registry name)."""
+    lay = plan["layout"]
+    stages = [PipelineStage(part, i, lay["num_stages"], device, group=mesh["pp"].get_group()) for i, part in parts]
+    cls = getattr(S, SCHEDULES[lay["schedule"]].torch_class)
+    first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]
+    return cls(first, n_microbatches=lay["microbatches"], loss_fn=loss_fn), stages

@@ -1,0 +1,291 @@
+"""Hydra composition, the typed config, and where the config tree lives.
+
+`compose(overrides)` composes like the command line does and raises `ConfigError`
+(every problem with the key and a fix) instead of Hydra's own exceptions, so a
+misspelled key, an unknown option or a value of the wrong type is refused the same
+way as a layout that does not fit. `typed(cfg)` turns a composed config (or a plain
+dict, or a `Config`) into the typed `Config` dataclass the planner works on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.config.errors import ConfigError, Problem
+from orchestrator.config.paths import CONF_DIR, RECIPES_DIR
+from orchestrator.config.schedules import SCHEDULES
+from orchestrator.config.schema import LAUNCHER_SCHEMAS, Config
+
+_registered = False
+
+
+def register() -> None:
+    """The schema, one option per launcher and per schedule, and the recipes, in Hydra's ConfigStore."""
+    global _registered
+    if _registered:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    from orchestrator.config.recipes import register_recipes
+
+    cs = ConfigStore.instance()
+    cs.store(name="orchestrator_schema", node=Config)
+    for name, schema in LAUNCHER_SCHEMAS.items():
+        cs.store(group="launcher", name=name.value, node=schema)
+    for name in SCHEDULES:
+        cs.store(group="schedule", name=name, node={"name": name})
+    register_recipes(cs, RECIPES_DIR)
+    _registered = True
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "config", hydra: bool = False) -> DictConfig:
+    """Compose as the command line would. With `hydra`, the `hydra` node (run and sweep
+    directories) is kept; otherwise it is dropped.
+
+    Raises ConfigError with every bad override, not only the first: each one Hydra refuses
+    is set aside and the rest composed again. The error's `partial` holds the config of
+    the good overrides, so the caller can report the planner's problems in the same go."""
+    register()
+    todo, problems = list(overrides or []), []
+    for _ in range(len(todo) + 1):
+        try:
+            cfg = _hydra_compose(todo, config_name, hydra)
+            problems += unknown_keys(cfg)
+            break
+        except Exception as e:  # Hydra's and OmegaConf's errors become the project's own
+            p = compose_problem(e, todo)
+            problems.append(p)
+            culprit = [o for o in todo if o.lstrip("+~").split("=", 1)[0] in p.key.split(", ")]
+            if not culprit:
+                raise ConfigError(problems) from None
+            todo = [o for o in todo if o not in culprit]
+    else:
+        raise ConfigError(problems)
+    if not hydra:
+        with open_dict(cfg):
+            cfg.pop("hydra", None)
+    if problems:
+        raise ConfigError(problems, partial=cfg)
+    return cfg
+
+
+def _hydra_compose(overrides: list[str], config_name: str, hydra: bool) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
+
+
+def unknown_keys(cfg: DictConfig) -> list[Problem]:
+    """Keys the schema does not have (Hydra's `+key=value` adds them without a word)."""
+    out: list[Problem] = []
+
+    def walk(node: Any, schema: Any, path: str) -> None:
+        if not (dataclasses.is_dataclass(schema) and isinstance(node, DictConfig)):
+            return
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        for key in node.keys():
+            full = f"{path}{key}"
+            if key not in fields:
+                near = difflib.get_close_matches(str(key), list(fields), n=1)
+                out.append(Problem(full, f"is not a key of {path.rstrip('.') or 'the config'}.",
+                                   f"did you mean {path}{near[0]}?" if near else
+                                   f"use one of {sorted(fields)}."))
+                continue
+            child = node._get_node(key)
+            sub = OmegaConf.get_type(child) if isinstance(child, DictConfig) else None
+            walk(child, sub, full + ".")
+
+    for key in cfg.keys():
+        if key == "hydra":
+            continue
+        walk(cfg._get_node(key), OmegaConf.get_type(cfg._get_node(key)), f"{key}.")
+    top = {f.name for f in dataclasses.fields(Config)} | {"hydra"}
+    out += [Problem(str(k), "is not a key of the config.", f"use one of {sorted(top - {'hydra'})}.")
+            for k in cfg.keys() if k not in top]
+    return out
+
+
+def compose_problem(e: Exception, overrides: list[str]) -> Problem:
+    """One Problem from a Hydra/OmegaConf composition error: the key, what is wrong, a fix."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    text = str(e).strip()
+    cause = e.__cause__ or e.__context__
+    if isinstance(e, MissingConfigException):
+        group = (getattr(e, "missing_cfg_file", "") or "").split("/")[0] or "config"
+        options = getattr(e, "options", None) or []
+        bad = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == group), "?")
+        return Problem(group, f"has no option {bad!r}.", f"use one of {options}." if options else
+                       "check the option's name (orchestrate --help lists them).")
+    if isinstance(e, OverrideParseException):
+        return Problem("command line", text.splitlines()[0], "write overrides as key=value, e.g. layout.tp=8.")
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError
+
+    key = getattr(e, "full_key", None) or getattr(cause, "full_key", None)
+    if not key and text.startswith(("Could not override", "Error merging override", "Could not append")):
+        key = text.split("'")[1] if "'" in text else text.split()[-1]
+        key = key.split("=", 1)[0].lstrip("+~")
+    detail = str(cause).splitlines()[0] if isinstance(cause, OmegaConfBaseException) else text.splitlines()[0]
+    if isinstance(e, InterpolationResolutionError) or isinstance(cause, InterpolationResolutionError):
+        return Problem(key or "config", f"its interpolation cannot be resolved: {detail}",
+                       "use a plain value, or ${other.key} naming a key that exists.")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or text.startswith("Could not override"):
+        parent, _, leaf = (key or "").rpartition(".")
+        fields = _fields_at(parent)
+        near = difflib.get_close_matches(leaf, fields, n=1) if fields else []
+        owners = [n.value for n, sch in LAUNCHER_SCHEMAS.items()
+                  if leaf in {f.name for f in dataclasses.fields(sch)}] if parent == "launcher" else []
+        fix = (f"{key} belongs to launcher={' or '.join(owners)}: select it, e.g. launcher={owners[0]}." if owners else
+               f"did you mean {parent + '.' if parent else ''}{near[0]}?" if near else
+               f"use one of {fields}." if fields else "check the key's spelling.")
+        return Problem(key or "config", f"is not a key of {parent or 'the config'}.", fix)
+    if isinstance(e, ValueError) and "Config group override must be" in text:
+        group = next((o.split("=", 1)[0] for o in overrides if o.endswith("=null")), "config group")
+        return Problem(group, "a config group cannot be null.", f"choose an option, e.g. {group}=<name>.")
+    if "missing mandatory value" in (text + detail).lower():
+        return Problem(key or "config", "has no value ('???').", "set it on the command line, e.g. key=value.")
+    return Problem(key or "config", detail, _value_fix(key))
+
+
+def _fields_at(dotted: str) -> list[str]:
+    schema: Any = Config
+    for part in [p for p in dotted.split(".") if p]:
+        f = {x.name: x for x in dataclasses.fields(schema)}.get(part) if dataclasses.is_dataclass(schema) else None
+        if f is None:
+            return []
+        schema = f.type if isinstance(f.type, type) else _resolve(schema, f)
+    return sorted(x.name for x in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else []
+
+
+def _resolve(owner: Any, f: dataclasses.Field) -> Any:
+    import typing
+
+    hints = typing.get_type_hints(owner)
+    return hints.get(f.name)
+
+
+def _value_fix(key: str | None) -> str:
+    if not key:
+        return "check the value's type."
+    parent, _, leaf = key.rpartition(".")
+    schema: Any = Config
+    for part in [p for p in parent.split(".") if p]:
+        if not dataclasses.is_dataclass(schema):
+            break
+        schema = _resolve(schema, {x.name: x for x in dataclasses.fields(schema)}[part])
+    if dataclasses.is_dataclass(schema):
+        t = _resolve(schema, {x.name: x for x in dataclasses.fields(schema)}.get(leaf, dataclasses.fields(schema)[0]))
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            return f"use one of {[m.value for m in t]}."
+        if t in (int, float, bool):
+            return f"{key} takes a value of type {t.__name__}."
+    return "check the value's type."
+
+
+def typed(cfg: Any) -> Config:
+    """The typed config: a composed DictConfig, a plain dict or a Config. Raises ConfigError."""
+    if isinstance(cfg, Config):
+        problems = check_types(cfg)
+        if problems:
+            raise ConfigError(problems)
+        return cfg
+    try:
+        if not (isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is Config):
+            cfg = OmegaConf.merge(OmegaConf.structured(Config), _with_launcher_schema(cfg))
+        problems = unknown_keys(cfg)
+        if problems:
+            raise ConfigError(problems)
+        if "hydra" in cfg:  # leave the caller's config as it was
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                cfg.pop("hydra")
+        return OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError([compose_problem(e, [])]) from None
+
+
+def check_types(obj: Any, path: str = "") -> list[Problem]:
+    """Every field of a Config built in Python has its declared type (OmegaConf checks the
+    composed ones); a name of an enum member becomes the member."""
+    import typing
+
+    out: list[Problem] = []
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        key, value, hint = f"{path}{f.name}", getattr(obj, f.name), hints[f.name]
+        ok, value = _conform(value, hint)
+        if not ok:
+            out.append(Problem(key, f"{value!r} is not a {getattr(hint, '__name__', hint)}.",
+                               _value_fix(key) if path else "use the schema's type."))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += check_types(value, key + ".")
+        else:
+            setattr(obj, f.name, value)
+    return out
+
+
+def _conform(value: Any, hint: Any) -> tuple[bool, Any]:
+    import typing
+
+    if hint is Any:
+        return True, value
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:  # Optional[X]
+        return (True, None) if value is None else _conform(value, next(a for a in args if a is not type(None)))
+    if origin in (list, typing.List):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        items = [_conform(v, args[0] if args else Any) for v in value]
+        return all(ok for ok, _ in items), [v for _, v in items]
+    if origin in (dict, typing.Dict):
+        return isinstance(value, dict), value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if isinstance(value, hint):
+            return True, value
+        return (True, hint[value]) if isinstance(value, str) and value in hint.__members__ else (False, value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    return isinstance(value, hint), value
+
+
+def _with_launcher_schema(cfg: Any) -> Any:
+    """A plain mapping's `launcher` typed by its name (dry when there is none)."""
+    launcher = cfg.get("launcher") if isinstance(cfg, (dict, DictConfig)) else None
+    if launcher is not None and not isinstance(launcher, (dict, DictConfig)):
+        raise ConfigError([Problem("launcher", f"must be a mapping with a name, got {launcher!r}.",
+                                   "use launcher=dry, launcher=local or launcher=slurm.")])
+    if isinstance(launcher, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(launcher)):
+        return cfg
+    name = str((launcher or {}).get("name", "dry"))
+    schema = {k.value: v for k, v in LAUNCHER_SCHEMAS.items()}.get(name)
+    if schema is None:
+        raise ConfigError([Problem("launcher.name", f"unknown launcher {name!r}.",
+                                   f"use one of {[k.value for k in LAUNCHER_SCHEMAS]}.")])
+    typed_launcher = OmegaConf.merge(OmegaConf.structured(schema), launcher or {})
+    return OmegaConf.merge(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg), {"launcher": typed_launcher})
+
+
+def to_dict(obj: Any) -> Any:
+    """A typed config (or any part of it) as plain JSON-able data: enums become their values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple, ListConfig)):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, (dict, DictConfig)):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    return obj

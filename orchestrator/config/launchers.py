@@ -1,0 +1,67 @@
+"""Launcher settings: what every launcher shares, and each launcher's own group (as
+hydra-submitit-launcher splits its queue configs), so a key that does not belong to the
+chosen launcher fails at compose time."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+class LauncherName(str, Enum):
+    dry = "dry"
+    local = "local"
+    slurm = "slurm"
+
+
+@dataclass
+class LauncherConfig:
+    """What every launcher shares."""
+
+    name: LauncherName = MISSING
+    job_name: str = "orchestrator"
+
+
+@dataclass
+class DryLauncherConfig(LauncherConfig):
+    name: LauncherName = LauncherName.dry
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    """Processes on this machine, one per emulated GPU."""
+
+    name: LauncherName = LauncherName.local
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """SLURM through submitit; every value that reaches sbatch is validated first."""
+
+    name: LauncherName = LauncherName.slurm
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 60
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    setup: List[str] = field(default_factory=list)
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    wait: bool = False  # follow the job and print its progress; Ctrl-C detaches, never cancels
+    submit: bool = True  # false: write and print the batch script and the srun line, submit nothing
+    snapshot: bool = True  # the job runs a copy of the code taken at submission (RUN_DIR/code)
+    container_image: Optional[str] = None  # pyxis/enroot image for the training steps (srun --container-image)
+    container_mounts: List[str] = field(default_factory=list)  # SRC:DST[:FLAGS], as pyxis takes them
+    container_workdir: Optional[str] = None
+    cpus_per_task: int = 1
+    gpus_per_node_gres: bool = True  # request --gpus-per-node (the GRES)
+    signal_delay_s: int = 60  # SIGUSR2 this long before the time limit: save and requeue
+    max_requeues: int = 3  # preemptions / time-outs before the job stops requeuing itself
+    node_fail_wait_s: float = 60.0  # how long a failed step's nodes are watched for going down
+    poll_s: float = 2.0  # how often the supervisor looks at its step and its nodes
+
+
+LAUNCHER_SCHEMAS = {LauncherName.dry: DryLauncherConfig, LauncherName.local: LocalLauncherConfig,
+                    LauncherName.slurm: SlurmLauncherConfig}

@@ -1,0 +1,62 @@
+"""What produced a run, written before anything starts: the config (Hydra's own .hydra/
+files) and manifest.json (command line, git commit and uncommitted changes, versions)."""
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "hydra-core", "omegaconf", "submitit", "fsspec", "tensorboard", "numpy",
+            "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12")
+
+
+def write_config(run_dir: Path, cfg, overrides: list[str], argv: list[str]) -> None:
+    """.hydra/config.yaml and overrides.yaml as Hydra writes them, and manifest.json."""
+    from omegaconf import OmegaConf, open_dict
+
+    hydra_dir = Path(run_dir) / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    job = cfg.copy()
+    with open_dict(job):
+        job.pop("hydra", None)
+    (hydra_dir / "config.yaml").write_text(OmegaConf.to_yaml(job))
+    (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    (Path(run_dir) / "manifest.json").write_text(json.dumps(manifest(argv), indent=1) + "\n")
+
+
+def manifest(argv: list[str]) -> dict:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"command": ["orchestrate", *argv], "cwd": str(Path.cwd()), "host": socket.gethostname(),
+            "time": time.time(), "versions": versions, "code": code_state(Path(__file__).resolve().parents[2])}
+
+
+def code_state(root: Path) -> dict:
+    """The git commit and the uncommitted diff of the code that runs, or why there is none."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20,
+                              check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        diff = git("diff", "HEAD")
+        untracked = git("ls-files", "--others", "--exclude-standard").split()
+    except (OSError, subprocess.SubprocessError):
+        return {"git": None, "note": f"not a git checkout ({root}): an installed package of "
+                f"orchestrator {_own_version()}"}
+    return {"git": commit, "dirty": bool(diff or untracked), "diff": diff, "untracked": untracked}
+
+
+def _own_version() -> str:
+    try:
+        return metadata.version("orchestrator")
+    except metadata.PackageNotFoundError:
+        return "(unknown version)"

@@ -1,0 +1,110 @@
+"""Checks before anything is started or submitted (torch-free): fault and failover settings,
+the checkpoint location, and whether a checkpoint found there may be resumed by this run."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from orchestrator.config.compose import to_dict
+from orchestrator.config.errors import Problem
+from orchestrator.config.schema import Config, FaultMode
+from orchestrator.plan import checkpoints as ckpt
+
+# Local places no run may write into (a typo away from damage).
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/sbin", "/sys", "/usr", "/var/lib")
+
+
+def fault_problems(spec: Config) -> list[Problem]:
+    """fault.* and failover.* settings, checked before anything starts."""
+    f, fo, out = spec.fault, spec.failover, []
+    nodes, steps = spec.cluster.nodes, spec.training.steps
+    if f.kill_node is not None:
+        if not 0 <= f.kill_node < nodes:
+            out.append(Problem("fault.kill_node", f"node {f.kill_node} does not exist: cluster.nodes is {nodes}.",
+                               f"use 0 .. {nodes - 1}."))
+        if f.mode != FaultMode.random and f.at_step is None:
+            out.append(Problem("fault.at_step", f"fault.kill_node={f.kill_node} needs the step to kill it at.",
+                               "set fault.at_step=<step>, or fault.mode=random."))
+        elif f.at_step is not None and not 0 < f.at_step < steps:
+            out.append(Problem("fault.at_step", f"step {f.at_step} is not inside the run's 1 .. {steps - 1} "
+                               f"(training.steps={steps}): the fault would never fire.",
+                               f"use fault.at_step between 1 and {steps - 1}."))
+        every = spec.training.checkpoint.every
+        if f.mode == FaultMode.during_save:
+            if every <= 0:
+                out.append(Problem("fault.mode, training.checkpoint.every", "during_save needs checkpoints, but "
+                                   "training.checkpoint.every is 0.", "set training.checkpoint.every=<steps>."))
+            elif f.at_step is not None and f.at_step % every and f.at_step != steps:
+                out.append(Problem("fault.at_step, fault.mode", f"no checkpoint is saved at step {f.at_step} "
+                                   f"(training.checkpoint.every={every}): during_save would never fire.",
+                                   f"use a multiple of {every}, e.g. fault.at_step={max(every, f.at_step - f.at_step % every)}."))
+    if fo.max_failovers < 0 or fo.min_dp < 1:
+        out.append(Problem("failover.max_failovers, failover.min_dp", f"need max_failovers >= 0 and min_dp >= 1, "
+                           f"got {fo.max_failovers} and {fo.min_dp}.", "use e.g. 3 and 1."))
+    return out
+
+
+def location_problems(url: str, writes: bool) -> list[Problem]:
+    """The checkpoint URL: a known protocol, no path tricks, not a system directory, and
+    (when the run saves) writable: a probe file is written, read back and removed."""
+    import fsspec
+
+    key = "training.checkpoint.dir"
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    if protocol not in fsspec.available_protocols():
+        return [Problem(key, f"{url!r} uses the unknown protocol {protocol!r}.",
+                        "use a path, file://, s3://, gs:// or another fsspec protocol that is installed.")]
+    path = url.split("://", 1)[1] if "://" in url else url
+    if ".." in Path(path).parts or "\n" in url or "\x00" in url:
+        return [Problem(key, f"{url!r} contains '..' or a control character.", "use a plain, absolute location.")]
+    if protocol in ("file", "local"):
+        p = Path(path).resolve()
+        if p == Path("/") or any(p == Path(d) or Path(d) in p.parents for d in SYSTEM_DIRS):
+            return [Problem(key, f"{url!r} is a system location ({p}).", "point it at a directory of your own.")]
+        if p.exists() and not p.is_dir():
+            return [Problem(key, f"{url!r} exists and is not a directory.", "point it at a directory.")]
+    try:
+        fs, root = ckpt.fs_of(url)
+        if not writes:
+            fs.exists(root)
+            return []
+        fs.makedirs(root, exist_ok=True)
+        probe = f"{root}/.orchestrator-probe-{uuid.uuid4().hex}"
+        with fs.open(probe, "wb") as f:
+            f.write(b"ok")
+        with fs.open(probe, "rb") as f:
+            ok = f.read() == b"ok"
+        fs.rm(probe)
+        if not ok:
+            raise OSError("the probe file read back differently")
+    except Exception as e:  # any backend's error: say where and what
+        return [Problem(key, f"{url!r} is not {'writable' if writes else 'reachable'}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "),
+                        "fix the permissions or credentials, or choose another location.")]
+    return []
+
+
+def resume_problems(spec: Config, url: str) -> list[Problem]:
+    """A checkpoint this run would resume from must fit its model, batch and data."""
+    latest = ckpt.latest_complete(url)
+    if latest is None:
+        return []
+    try:
+        meta = ckpt.read_meta(url, latest)
+    except Exception as e:
+        return [Problem("training.checkpoint.dir", f"the checkpoint at step {latest} has no readable meta.json "
+                        f"({type(e).__name__}).", "point training.checkpoint.dir at a new location.")]
+    return [Problem(k, m + ".", "point training.checkpoint.dir at a new location, restore the setting, or allow "
+                    f"the change on purpose with training.resume.allow=[{k}]" +
+                    (" (or training.resume.allow_batch_change=true)" if k in ckpt.BATCH_KEYS else "") + ".")
+            for k, m in ckpt.compatibility_problems(meta, to_dict(spec.model), to_dict(spec.training))]
+
+
+def preflight(spec: Config, run_dir: Path) -> list[Problem]:
+    """Everything a launcher checks before it starts or submits anything."""
+    problems = fault_problems(spec)
+    url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
+    problems += location_problems(url, writes=spec.training.checkpoint.every > 0)
+    if problems:
+        return problems
+    return resume_problems(spec, url)

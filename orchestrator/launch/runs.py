@@ -1,0 +1,265 @@
+"""A run directory as a thing with a life: its plan, where it stands (and SLURM's word for
+its job), how it ended, how to follow it and how to continue it. The `orchestrate-runs`
+commands, `launcher.wait=true` and the SLURM supervisor read it here. Following never
+changes a run: Ctrl-C detaches.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.launch.status import read_status, write_status
+from orchestrator.plan import checkpoints as ckpt
+
+
+def attempt_dirs(run_dir: Path) -> list[Path]:
+    """The directory of every attempt's plan, oldest first (the run dir is attempt 0)."""
+    run_dir = Path(run_dir)
+    later = sorted((p for p in run_dir.glob("attempt*") if re.fullmatch(r"attempt\d+", p.name)),
+                   key=lambda p: int(p.name[len("attempt"):]))
+    return [run_dir] + [p for p in later if (p / "plan.json").exists()]
+
+
+def plan_json(run_dir: Path, latest: bool = True) -> dict:
+    dirs = attempt_dirs(run_dir)
+    return json.loads(((dirs[-1] if latest else dirs[0]) / "plan.json").read_text())
+
+
+def load_plan(run_dir: Path, latest: bool = True):
+    """The run's plan (its latest attempt's, after failovers), planned again from its config."""
+    from orchestrator.plan import make_plan
+
+    plan = make_plan(plan_json(run_dir, latest)["config"])
+    plan.raise_if_invalid()
+    return plan
+
+
+def continue_command(run_dir: Path) -> str:
+    return f"orchestrate-runs resume {run_dir}"
+
+
+def final_line(run_dir: Path) -> str:
+    """One plain line: what happened, the last complete checkpoint, and the command that continues."""
+    run_dir = Path(run_dir)
+    status = read_status(run_dir)
+    state = status.get("state", "unknown")
+    try:
+        url = ckpt.url_for(plan_json(run_dir)["config"]["training"]["checkpoint"]["dir"], run_dir)
+        latest = ckpt.latest_complete(url)
+    except (OSError, ValueError, KeyError):
+        url, latest = None, None
+    where = (f"last complete checkpoint: step {latest} in {ckpt.step_dir(url, latest)}" if latest is not None else
+             "no complete checkpoint")
+    what = status.get("message") or ""
+    if state == "completed":
+        return f"COMPLETED: {run_dir} ({what}); {where}."
+    return f"{state.upper()}: {run_dir}: {what}; {where}; continue with: {continue_command(run_dir)}"
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories under root (each holds a plan.json and a status.json), newest first."""
+    root = Path(root)
+    found = {p.parent for p in root.rglob("status.json") if (p.parent / "plan.json").exists()}
+    return sorted(found, key=lambda p: (p / "status.json").stat().st_mtime, reverse=True)
+
+
+def summary(run_dir: Path) -> dict:
+    """One row of `orchestrate-runs list`: state, layout, progress, loss, predicted vs measured step."""
+    import statistics
+
+    from orchestrator.launch.supervisor import read_metrics
+
+    run_dir = Path(run_dir)
+    pj = plan_json(run_dir)
+    metrics = read_metrics(run_dir)
+    steps = [m["step_time_s"] for m in metrics[1:]] or [m["step_time_s"] for m in metrics]
+    return {"run": str(run_dir), "state": state(run_dir), "launcher": pj["config"]["launcher"]["name"],
+            "layout": pj.get("layout", {}).get("label", "-"),
+            "steps": f"{max((m['step'] + 1 for m in metrics), default=0)}/{pj['config']['training']['steps']}",
+            "loss": metrics[-1]["loss"] if metrics else None,
+            "predicted_step_s": pj.get("step", {}).get("wall_s"),
+            "measured_step_s": statistics.median(steps) if steps else None}
+
+
+def code_drift(run_dir: Path) -> list[str]:
+    """How the code and the packages now differ from what the run's manifest recorded."""
+    from orchestrator.launch.manifest import manifest
+
+    try:
+        then = json.loads((Path(run_dir) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return ["the run has no manifest.json: what produced it is unknown"]
+    now = manifest([])
+    out = []
+    a, b = then.get("code", {}), now.get("code", {})
+    if a.get("git") != b.get("git"):
+        out.append(f"code: the run was submitted at commit {a.get('git')}, this checkout is at {b.get('git')}")
+    elif a.get("diff") != b.get("diff"):
+        out.append("code: the uncommitted changes differ from the ones the run was submitted with")
+    for name, version in then.get("versions", {}).items():
+        if now["versions"].get(name) != version:
+            out.append(f"{name}: the run had {version}, this environment has {now['versions'].get(name)}")
+    return out
+
+
+def show_status(run_dir: Path) -> int:
+    from orchestrator.launch.events import read_events
+
+    row = summary(run_dir)
+    status = read_status(run_dir)
+    print(f"run       {run_dir}\nstate     {state(run_dir)}" + (f" ({status['message']})" if status.get("message") else ""))
+    for key in ("launcher", "layout", "steps", "loss", "predicted_step_s", "measured_step_s"):
+        print(f"{key:<9} {row[key]}")
+    for key in ("job_id", "attempt", "nodes"):
+        if key in status:
+            print(f"{key:<9} {status[key]}")
+    for e in read_events(run_dir):
+        print(f"event     {e.get('mode')}: " + ", ".join(f"{k}={e[k]}" for k in ("nodes_lost", "steps_lost", "recovery_s",
+                                                                                 "resumed_from_step") if k in e))
+    print(final_line(run_dir))
+    return 0
+
+
+def show_logs(run_dir: Path, keep_following: bool) -> int:
+    if keep_following:
+        return follow(run_dir)
+    tail = Tail()
+    for path, prefix in _files(run_dir):
+        tail(path, prefix)
+    return 0
+
+
+def cancel(run_dir: Path) -> int:
+    import os
+    import signal
+
+    status = read_status(run_dir)
+    job = last_job(run_dir)
+    if job is not None:
+        subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
+        write_status(run_dir, state="cancelled", message=f"cancelled by the user (SLURM job {job['job_id']})")
+        print(f"cancelled SLURM job {job['job_id']}")
+        return 0
+    pid = status.get("pid")
+    if pid and status.get("state") in ("running", "re-forming"):
+        try:
+            os.kill(int(pid), signal.SIGTERM)  # the local launcher stops its ranks, then exits
+        except ProcessLookupError:
+            pass
+        write_status(run_dir, state="cancelled", message="cancelled by the user")
+        print(f"stopped the local launcher (pid {pid}) and its ranks")
+        return 0
+    print(f"{run_dir} is not running ({status.get('state', 'unknown')}): nothing to cancel")
+    return 0
+
+
+def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
+    """The run's own overrides, then the new ones, into the same run directory."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    old = list(OmegaConf.load(path)) if path.exists() else []
+    keys = {o.split("=", 1)[0] for o in extra}
+    kept = [o for o in old if o.split("=", 1)[0] not in keys and not o.startswith("hydra.run.dir=")]
+    return kept + list(extra) + [f"hydra.run.dir={run_dir}"]
+
+
+# ---- following -------------------------------------------------------------------------------
+DONE = ("completed", "failed", "stopped", "cancelled")
+SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "NODE_FAIL",
+               "PREEMPTED")
+
+
+def last_job(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "slurm_jobs.jsonl"
+    if not path.exists():
+        return None
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
+def slurm_state(job_id: str) -> str | None:
+    try:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State"], capture_output=True,
+                             text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0].split()[0] if out else None
+
+
+def state(run_dir: Path) -> str:
+    """Where the run stands. A job SLURM says has ended while its status still says it runs
+    ended without its supervisor (cancelled, or its node lost): that is said plainly."""
+    status = read_status(run_dir)
+    current = status.get("state", "unknown")
+    job = last_job(run_dir)
+    if current in DONE or job is None:
+        return current
+    sl = slurm_state(job["job_id"])
+    if sl in SLURM_ENDED:
+        new = "cancelled" if sl == "CANCELLED" else "failed"
+        write_status(run_dir, state=new, message=f"SLURM job {job['job_id']} ended {sl} while the run was {current}")
+        return new
+    if sl == "PENDING" and current == "requeued":
+        return "requeued"
+    return current
+
+
+class Tail:
+    """New lines of a few files, remembered by position."""
+
+    def __init__(self):
+        self.pos: dict[str, int] = {}
+
+    def __call__(self, path: Path, prefix: str, out=print) -> None:
+        if not path.exists():
+            return
+        with open(path, errors="replace") as f:
+            f.seek(self.pos.get(str(path), 0))
+            for line in f:
+                out(prefix + line.rstrip("\n"), flush=True)
+            self.pos[str(path)] = f.tell()
+
+
+def _files(run_dir: Path) -> list[tuple[Path, str]]:
+    status = read_status(run_dir)
+    out = []
+    job = last_job(run_dir)
+    if job:
+        out.append((Path(job["folder"]) / f"{job['job_id']}_0_log.out", "[supervisor] "))
+    plan_dir = Path(status.get("plan_dir", run_dir))
+    out.append((plan_dir / "logs" / "rank0.log", "[rank0] "))
+    return out
+
+
+def follow(run_dir: Path, poll_s: float = 2.0, out=print) -> int:
+    """Print the run's progress until it ends; 0 if it completed. Ctrl-C detaches."""
+    run_dir = Path(run_dir)
+    tail = Tail()
+    try:
+        while True:
+            for path, prefix in _files(run_dir):
+                tail(path, prefix, out)
+            now = state(run_dir)
+            if now in DONE:
+                for path, prefix in _files(run_dir):
+                    tail(path, prefix, out)
+                out(final_line(run_dir), flush=True)
+                return 0 if now == "completed" else 1
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        job = last_job(run_dir)
+        print(f"\ndetached: the run goes on" + (f" (SLURM job {job['job_id']})" if job else "") +
+              f"; follow again with: orchestrate-runs logs -f {run_dir}", file=sys.stderr)
+        return 0
+
+
+def wait_for(run_dir: Path, poll_s: float = 2.0) -> str:
+    """Block until the run ends; its final state."""
+    while (now := state(run_dir)) not in DONE:
+        time.sleep(poll_s)
+    return now

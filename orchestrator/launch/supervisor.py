@@ -1,0 +1,140 @@
+"""The one failover loop: start the ranks, follow them, and when nodes are lost re-plan on
+the survivors and start again. Every launcher that owns its ranks runs it: the local
+launcher in the `orchestrate` process, the SLURM launcher inside the job's allocation.
+
+What starts and watches the ranks is a `Workers` implementation (processes on this
+machine, or srun steps in an allocation); this loop only decides. Each failover is an
+event in failover.json and TensorBoard, and status.json says where the run stands.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.launch import events
+from orchestrator.launch.status import write_status
+from orchestrator.plan import checkpoints as ckpt
+from orchestrator.plan.artifacts import write_plan
+from orchestrator.plan.replan import replan_on_survivors
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    lost: list = field(default_factory=list)  # nodes that died (empty: the ranks failed on their own)
+    cause: str = ""
+    detected_s: float | None = None  # seconds from the failure to its detection, when known
+    stopped: bool = False  # every rank saved and stopped on request (preemption, time limit)
+
+
+class Workers(ABC):
+    """Starts the ranks of one attempt on a list of nodes and reports how they ended."""
+
+    @abstractmethod
+    def nodes(self) -> list:
+        """The allocation's nodes, in rank order."""
+
+    @abstractmethod
+    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict) -> None: ...
+
+    @abstractmethod
+    def wait(self) -> Outcome:
+        """Block until every rank has ended, or a node is lost (then stop the rest)."""
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+
+def steps_completed(run_dir: Path, attempts) -> int:
+    """Steps the given attempts completed (from rank 0's metrics.jsonl); 0 if none."""
+    done = 0
+    for rec in read_metrics(run_dir):
+        if rec.get("attempt") in attempts:
+            done = max(done, rec["step"] + 1)
+    return done
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line being written
+                continue
+    return out
+
+
+def layout_of(plan, nodes: int) -> dict:
+    d = plan.layout
+    return {"nodes": nodes, "tp": d.tp, "cp": d.cp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
+            "microbatches": d.microbatches, "label": d.label()}
+
+
+EXIT_STOPPED = 3  # the run saved and stopped on request; it continues from its checkpoint
+
+
+def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: int = 0) -> int:
+    """Run to the end, re-planning on the survivors after every lost node (failover.*).
+    `first_attempt` continues the numbering of a run that an earlier job started."""
+    run_dir = Path(run_dir)
+    spec, fo = plan.spec, plan.spec.failover
+    url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
+    alive = workers.nodes()[: spec.cluster.nodes]
+    attempt, failovers = first_attempt, len([e for e in events.read_events(run_dir) if e.get("mode") == "restart"])
+    while True:
+        plan_dir = run_dir if attempt == 0 else run_dir / f"attempt{attempt}"
+        if attempt:
+            write_plan(plan, plan_dir, figures=False)
+        write_status(run_dir, state="running", attempt=attempt, next_attempt=attempt + 1, layout=plan.layout.label(),
+                     nodes=alive, plan_dir=str(plan_dir))
+        t_start = time.monotonic()
+        workers.start(attempt, plan_dir, alive, {"ORCH_RUN_DIR": str(run_dir), "ORCH_ATTEMPT": str(attempt)})
+        outcome = workers.wait()
+        if outcome.ok:
+            write_status(run_dir, state="completed", message=f"finished after {failovers} failover(s)")
+            return 0
+        if outcome.stopped:
+            write_status(run_dir, state="stopped", message=outcome.cause)
+            return EXIT_STOPPED
+        t_fail = time.monotonic()
+        if not outcome.lost:
+            write_status(run_dir, state="failed", message=outcome.cause)
+            say(f"\nFAILED: {outcome.cause}", file=sys.stderr)
+            return 1
+        say(f"\nFAILURE: {outcome.cause}; marking node(s) {outcome.lost} lost", file=sys.stderr, flush=True)
+        if not fo.enabled or failovers >= fo.max_failovers:
+            why = "failover is off" if not fo.enabled else f"failover.max_failovers={fo.max_failovers} reached"
+            write_status(run_dir, state="failed", message=f"node(s) {outcome.lost} lost; {why}")
+            say(f"STOPPED: {why}; {failovers} failover(s) so far.", file=sys.stderr)
+            return 1
+        survivors = [n for n in alive if n not in outcome.lost]
+        t0 = time.monotonic()
+        write_status(run_dir, state="re-forming", message=f"node(s) {outcome.lost} lost")
+        rp = replan_on_survivors(plan, len(survivors))
+        replan_s = time.monotonic() - t0
+        if rp.plan is None:
+            events.record(run_dir, {"mode": "stopped", "nodes_lost": outcome.lost, "reasons": rp.problems})
+            write_status(run_dir, state="failed", message="no layout fits the survivors: " + "; ".join(rp.problems))
+            say(f"STOPPED: no layout fits the {len(survivors)} surviving node(s): " + "; ".join(rp.problems),
+                file=sys.stderr)
+            return 1
+        failovers += 1
+        done = steps_completed(run_dir, range(attempt + 1))
+        resume_from = ckpt.latest_complete(url) or 0
+        event = events.record(run_dir, {
+            "mode": "restart", "attempt": attempt, "node": outcome.lost[0], "nodes_lost": outcome.lost,
+            "cause": outcome.cause, "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
+            "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
+            "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
+            "nodes_in_service": survivors[: rp.nodes],
+            "seconds": {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start}})
+        say(f"FAILOVER {failovers}: node(s) {outcome.lost} lost after step {done}; re-planned on {rp.nodes} "
+            f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
+            f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
+        alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1

@@ -1,0 +1,32 @@
+"""make_plan(cfg) -> Plan: the planner's one entry point (a layout as given, or the search)."""
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.config.compose import typed
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import LauncherName
+from orchestrator.plan.capability import runtime_problems
+from orchestrator.plan.plan import Plan, plan_spec
+from orchestrator.plan.search import search
+from orchestrator.plan.validate import check_values
+
+
+def make_plan(cfg: Any) -> Plan:
+    """Plan a configuration (a composed DictConfig, a `Config` or a plain dict).
+
+    Never raises for a bad configuration: the Plan comes back with `valid=False` and
+    every problem in `errors`. Call `plan.raise_if_invalid()` to get a PlanError.
+    """
+    try:
+        spec = typed(cfg)
+    except ConfigError as e:
+        return Plan(valid=False, errors=e.problems, warnings=[], world_size=0, spec=None)
+    problems = check_values(spec)
+    if problems:  # nothing below may run on numbers outside their physical range
+        return Plan(valid=False, errors=problems, warnings=[], world_size=0, spec=spec)
+    plan = search(spec) if spec.layout.search else plan_spec(spec)
+    if plan.layout is not None and spec.launcher.name != LauncherName.dry:
+        plan.errors += runtime_problems(spec, plan.layout)
+        plan.valid = not plan.errors
+    return plan

@@ -1,0 +1,33 @@
+"""Console line per log interval and TensorBoard scalars, on rank 0 only."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class Logger:
+    def __init__(self, run_dir: Path, plan: dict, enabled: bool):
+        self.enabled = enabled
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            md = run_dir / "plan.md"
+            if md.exists():
+                self.writer.add_text("plan", md.read_text().replace("\n", "  \n"), 0)
+
+    def step(self, step: int, steps: int, values: dict, line: bool) -> None:
+        if not self.enabled:
+            return
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+        if line:
+            eta = values["time/step_s"] * (steps - step - 1)
+            print(f"step {step + 1}/{steps} | loss {values['loss/train']:.4f} | {values['time/step_s']:.3f} s/step | "
+                  f"{values['throughput/tokens_per_s']:,.0f} tok/s | MFU {values['perf/mfu']:.2%} "
+                  f"(plan {values['perf/mfu_predicted']:.2%}) | ETA {eta:.0f} s", flush=True)
+
+    def close(self) -> None:
+        if self.writer:
+            self.writer.flush()
+            self.writer.close()

@@ -1,0 +1,288 @@
+"""One rank of a training job, as the phases of a Trainer.
+
+Reads PLAN_DIR/plan.json and derives nothing layout-shaped: the meshes come from its
+rank grids, this rank's model chunks from its stage list, the data split from its data
+axis. Outputs go to ORCH_RUN_DIR (default PLAN_DIR), shared by every attempt of a run:
+rank 0 writes TensorBoard events, metrics.json (this attempt) and metrics.jsonl (every
+step of every attempt); the first rank of each data-parallel replica records the sample
+indices it read (samples/).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from orchestrator.config.compose import typed
+from orchestrator.config.schema import Device, Precision
+from orchestrator.plan import checkpoints as store
+from orchestrator.plan.metrics import measured_mfu
+from orchestrator.train import checkpoint as ckpt
+from orchestrator.train.data import TokenSource
+from orchestrator.train.logger import Logger
+from orchestrator.train.mesh import grid_from_json, meshes_from_plan
+from orchestrator.train.model import cp_shard
+from orchestrator.train.parallel import build_model_parts, build_schedule
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def _scalar(x) -> float:
+    if isinstance(x, DTensor):
+        x = x.full_tensor()
+    return float(x.detach())
+
+
+class Trainer:
+    def __init__(self, plan_dir: Path, should_stop=None):
+        self.plan_dir = Path(plan_dir)
+        self.plan = json.loads((self.plan_dir / "plan.json").read_text())
+        self.spec = typed(self.plan["config"])
+        self.lay = self.plan["layout"]
+        self.run_dir = Path(os.environ.get("ORCH_RUN_DIR", self.plan_dir))
+        self.attempt = int(os.environ.get("ORCH_ATTEMPT", "0"))
+        self.should_stop = should_stop
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if self.world != self.plan["world_size"]:
+            raise SystemExit(f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan['world_size']} "
+                             f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
+        self.url = store.url_for(self.spec.training.checkpoint.dir, self.run_dir)
+        self.history: dict = {"loss": [], "step_time_s": []}
+
+    # ---- phases ---------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Device, process group, the plan's meshes and this rank's coordinates."""
+        hw = self.spec.hardware
+        if hw.device == Device.cuda:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        if not dist.is_initialized():
+            dist.init_process_group(hw.backend.value)
+        self.meshes = meshes_from_plan(self.plan, self.device.type)
+        self.coords = grid_from_json(self.plan).coords(self.rank)
+
+    def build(self) -> None:
+        """Model chunks, one optimizer per chunk (torchtitan's way: each chunk's state dict then
+        holds exactly its own parameters' names), and the pipeline schedule."""
+        tr = self.spec.training
+        mp = None
+        if tr.precision == Precision.bf16 and self.device.type == "cuda":  # CPU runs fp32: bf16 is emulated there
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        self.parts = build_model_parts(self.plan, self.spec.model, self.meshes, self.coords, tr.seed, self.device,
+                                       mp, recompute=tr.recompute.value)
+        self.opts = [torch.optim.AdamW(part.parameters(), lr=tr.lr, betas=(0.9, 0.95), eps=tr.adam_eps,
+                                       weight_decay=0.0) for _, part in self.parts]
+        self.schedule = None
+        if self.lay["pp"] > 1:
+            self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device, loss_fn)
+        ids = [i for i, _ in self.parts]
+        self.has_first, self.has_last = 0 in ids, self.lay["num_stages"] - 1 in ids
+        self.data = TokenSource(self.spec.model.vocab, tr.seq_len, tr.seed, tr.data)
+        self.dp_rank = self.coords[self.plan["mesh"]["data"]]
+        # The first rank of each data-parallel replica records what it read.
+        self.records = self.coords["tp"] == 0 and self.coords["cp"] == 0 and self.has_first
+
+    def resume(self) -> int:
+        """Load the latest complete checkpoint (resharded into this layout); the step to start at."""
+        latest = store.latest_complete(self.url)
+        if latest is None:
+            torch.manual_seed(self.spec.training.seed)
+            return 0
+        meta = store.read_meta(self.url, latest)
+        t0 = time.perf_counter()
+        ckpt.load(self.url, latest, self.parts, self.opts)
+        if os.environ.get("ORCH_DUMP_AFTER_LOAD"):
+            _dump_full_state(Path(os.environ["ORCH_DUMP_AFTER_LOAD"]), self.rank, self.parts, self.opts)
+        if self.rank == 0:
+            print(f"resumed from {store.step_dir(self.url, latest)} (step {latest}, layout "
+                  f"{meta['layout'].get('label', meta['layout'])} -> {self.lay['label']}) in "
+                  f"{time.perf_counter() - t0:.2f} s", flush=True)
+        buf = np.frombuffer(base64.b64decode(meta["rng_state"]), dtype=np.uint8).copy()
+        torch.random.set_rng_state(torch.from_numpy(buf))  # every rank continues rank 0's stream
+        return meta["step"]
+
+    def train_step(self, step: int) -> float:
+        """One optimizer step over this rank's share of the global batch; the mean loss."""
+        tr, cp = self.spec.training, self.lay["cp"]
+        idx = self.data.indices(step, tr.global_batch, self.lay["dp"], self.dp_rank)
+        tokens = self.data.batch(idx).to(self.device)
+        inputs = cp_shard(tokens[:, :-1], cp, self.coords["cp"])
+        labels = cp_shard(tokens[:, 1:], cp, self.coords["cp"])
+        if self.records:
+            with open(self.run_dir / "samples" / f"rank{self.rank}.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
+                                    "indices": idx}) + "\n")
+        local = None
+        with loss_parallel() if self.lay["tp"] > 1 else contextlib.nullcontext():
+            if self.schedule is not None:
+                losses: list = []
+                args = (inputs,) if self.has_first else ()
+                kw = {"target": labels, "losses": losses} if self.has_last else {}
+                self.schedule.step(*args, **kw)
+                if self.has_last:
+                    local = sum(_scalar(x) for x in losses) / len(losses)
+            else:
+                model, m, b = self.parts[0][1], self.lay["microbatches"], tr.micro_batch
+                local = 0.0
+                for k in range(m):
+                    loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b]) / m
+                    loss.backward()
+                    local += _scalar(loss)
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
+        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
+        dist.all_reduce(agg)
+        return (agg[0] / agg[1]).item()
+
+    def save(self, step: int, pending, fault=None):
+        """A checkpoint after `step` (asynchronous when configured); the save still in flight."""
+        c = self.spec.training.checkpoint
+        if pending is not None:
+            pending.finish()
+        pending = ckpt.save(self.url, step, self.parts, self.opts, self._meta(step), self.rank, keep=c.keep,
+                            fault_hook=fault, asynchronous=c.async_save, group=self._ckpt_group)
+        return pending if c.async_save else None
+
+    def run(self) -> dict:
+        """Train to training.steps (or until should_stop() on any rank: save, return)."""
+        self.setup()
+        self.build()
+        (self.run_dir / "samples").mkdir(exist_ok=True)
+        start = self.resume()
+        tr = self.spec.training
+        every = tr.checkpoint.every
+        self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
+        fault = _fault_hook(self.rank, self.spec.hardware.gpus_per_node)
+        log = Logger(self.run_dir, self.plan, self.rank == 0)
+        pending = None
+        for step in range(start, tr.steps):
+            t0 = time.perf_counter()
+            loss = self.train_step(step)
+            dt = time.perf_counter() - t0
+            self._record(log, step, loss, dt)
+            if every and ((step + 1) % every == 0 or step + 1 == tr.steps):
+                pending = self.save(step + 1, pending, fault if fault and step + 1 == fault.step else None)
+            if self._stop_requested(step):
+                if pending is not None:
+                    pending.finish()
+                    pending = None
+                if store.latest_complete(self.url) != step + 1:
+                    self.save(step + 1, None)
+                if self.rank == 0:
+                    print(f"stopping after step {step + 1} on request (preemption or time limit); checkpoint "
+                          f"saved", flush=True)
+                self.history["stopped"] = True
+                break
+        if pending is not None:
+            pending.finish()
+        log.close()
+        self._finish(start)
+        return self.history
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _stop_requested(self, step: int) -> bool:
+        if self.should_stop is None or step + 1 >= self.spec.training.steps:
+            return False
+        flag = torch.tensor([1.0 if self.should_stop() else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
+    def _record(self, log: Logger, step: int, loss: float, dt: float) -> None:
+        tr, plan = self.spec.training, self.plan
+        rss_local = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+        if self.device.type == "cuda":
+            rss_local[0] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        rss = [torch.zeros_like(rss_local) for _ in range(self.world)]
+        dist.all_gather(rss, rss_local)
+        self.history["loss"].append(loss)
+        self.history["step_time_s"].append(dt)
+        mfu = measured_mfu(plan, dt)
+        log.step(step, tr.steps, {
+            "loss/train": loss, "time/step_s": dt, "throughput/tokens_per_s": tr.global_batch * tr.seq_len / dt,
+            "perf/tflops_per_gpu": mfu * self.spec.hardware.peak_tflops,
+            "perf/tflops_per_gpu_predicted": plan["tflops_per_gpu"], "perf/mfu": mfu,
+            "perf/mfu_predicted": plan["mfu"], "time/step_s_predicted": plan["step"]["wall_s"],
+            "memory/max_rss_mb": max(float(x) for x in rss),
+            # per rank (peak host RSS on CPU, peak allocated device memory on GPU), the first 64 ranks
+            **{f"memory/rank{r}_mb": float(x) for r, x in enumerate(rss[:64])},
+        }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps)
+        if self.rank == 0:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
+                                    "dp": self.lay["dp"], "time": time.time()}) + "\n")
+
+    def _meta(self, next_step: int) -> dict:
+        """What a checkpoint records besides tensors: data position, RNG state, shape, batch and plan."""
+        tr = self.plan["config"]["training"]
+        rng = base64.b64encode(torch.random.get_rng_state().numpy().tobytes()).decode()
+        return {"step": next_step, "rng_state": rng, "samples_consumed": next_step * tr["global_batch"],
+                "model": self.plan["config"]["model"],
+                "training": {k: tr[k] for k in ("global_batch", "seq_len", "seed")},
+                "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule", "label")},
+                "plan": self.plan}
+
+    def _finish(self, start: int) -> None:
+        if self.rank == 0:
+            (self.run_dir / "metrics.json").write_text(json.dumps({
+                "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
+                "attempt": self.attempt,
+                "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")},
+            }, indent=1))
+        dist.barrier()  # DCP and gloo exit cleanly only after everyone is done (torch-cpu notes)
+        dist.destroy_process_group()
+
+
+def _dump_full_state(out: Path, rank: int, parts, opts) -> None:
+    """Tests: this rank's chunks as full (unsharded) tensors, to compare with the checkpoint."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    o = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    model, optim = {}, {}
+    for (_, part), opt in zip(parts, opts):
+        model.update(get_model_state_dict(part, options=o))
+        optim.update(get_optimizer_state_dict(part, opt, options=o))
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model, "optim": optim}, out / f"rank{rank}.pt")
+
+
+class _Fault:
+    """Fault injection (fault.mode=during_save): every rank of the victim node kills
+    itself in the middle of the save at `step`, as a node would die."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def __call__(self):
+        import signal
+
+        print(f"fault injection: killing this node during the save of step {self.step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fault_hook(rank: int, gpus_per_node: int):
+    if os.environ.get("ORCH_FAULT_MODE") != "during_save":
+        return None
+    if rank // gpus_per_node != int(os.environ["ORCH_FAULT_NODE"]):
+        return None
+    return _Fault(int(os.environ["ORCH_FAULT_STEP"]))

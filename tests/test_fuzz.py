@@ -1,0 +1,49 @@
+"""Nothing breaks the planner: hostile values anywhere give a plan or the project's own
+rejection (key, message, fix), never an exception, a hang or a nonsense plan marked valid.
+benchmarks/fuzz_plans.py runs the same checks on 10,000 configurations, through Hydra's
+compose and through the CLI."""
+import dataclasses
+import sys
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fuzz_plans import BASES, leaf_keys, sane  # noqa: E402
+
+from orchestrator import compose, make_plan  # noqa: E402
+from orchestrator.config.compose import typed  # noqa: E402
+from orchestrator.config.schema import Config  # noqa: E402
+
+KEYS = [k for k, _ in leaf_keys(Config)]
+BASE_CONFIGS = [typed(compose(b)) for b in BASES]
+HOSTILE = st.one_of(
+    st.sampled_from([0, -1, 1, 2, 3, 8, 1000, 10**12, 2**63 - 1, -(2**31)]), st.integers(-10, 10**7),
+    st.sampled_from([0.0, -1.0, float("nan"), float("inf"), -float("inf"), 1e-300, 1e300, 0.5]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["", "???", "${nope}", "auto", "x" * 300, "a\nb", "$(reboot)", "gpipe", "full", "tp-cp-ep-dp-pp"]),
+    st.sampled_from([None, True, False, [], [1, 2], ["tp", "dp"], {"a": 1}]),
+)
+
+
+def _with(cfg: Config, dotted: str, value) -> Config:
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return dataclasses.replace(cfg, **{head: value})
+    child = getattr(cfg, head)
+    if not dataclasses.is_dataclass(child):
+        return cfg
+    return dataclasses.replace(cfg, **{head: _with(child, rest, value)})
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(range(len(BASES))), changes=st.dictionaries(st.sampled_from(KEYS), HOSTILE, min_size=1,
+                                                                       max_size=5))
+def test_hostile_values_never_break_the_planner(base, changes):
+    cfg = BASE_CONFIGS[base]
+    for key, value in changes.items():
+        cfg = _with(cfg, key, value)
+    plan = make_plan(cfg)  # must not raise; how long it takes is benchmarks/fuzz_plans.py's to say
+    assert sane(plan) == [], changes
