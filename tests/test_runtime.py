@@ -41,6 +41,8 @@ LAYOUTS = {
                                "training.recompute=full"],
     "cp2_selective_recompute": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.cp=2",
                                 "training.recompute=selective"],
+    "pp2_dualpipev": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=dualpipev"],
+    "dp4_hsdp_two_copies": ["cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "layout.dp_shard=2"],
 }
 
 

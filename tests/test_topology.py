@@ -167,18 +167,13 @@ def test_step_budget_compares_layouts():
 def _mesh_worker(rank, world, plans):
     import torch.distributed as dist
 
-    from orchestrator.train.mesh import DENSE_DIMS as MESH_DIMS
-    from orchestrator.train.mesh import grid_from_json, mesh_from_grid
+    from orchestrator.train.mesh import meshes_from_plan
 
     out = {}
     for name, plan_json in plans.items():
-        grid = grid_from_json(plan_json)
-        mesh = mesh_from_grid(grid, "cpu")
-        got = {}
-        for dim in MESH_DIMS:
-            if grid.sizes[dim] > 1:
-                got[dim] = dist.get_process_group_ranks(mesh.get_group(dim))
-        out[name] = got
+        mesh = meshes_from_plan(plan_json, "cpu")["dense"]
+        out[name] = {dim: dist.get_process_group_ranks(mesh.get_group(dim)) for dim in ("tp", "pp", "dps")
+                     if mesh[dim].size() > 1}
     import os
 
     with open(os.path.join(os.environ["MESH_OUT"], f"{rank}.json"), "w") as f:
@@ -204,8 +199,9 @@ def test_device_mesh_from_the_grid_matches_the_plan_for_two_orders(tmp_path, mon
         grid = grid_from_json(pj)
         for rank in range(8):
             got = json.loads((tmp_path / f"{rank}.json").read_text())[name]
+            assert set(got) == {"tp", "pp", "dps"}
             for dim, ranks in got.items():
-                assert sorted(ranks) == sorted(grid.group_of(rank, dim)), (name, rank, dim)
+                assert sorted(ranks) == sorted(grid.group_of(rank, "dp" if dim == "dps" else dim)), (name, rank, dim)
     # the two orders really give different groups
     g1, g2 = grid_from_json(plans["meta"]), grid_from_json(plans["megatron"])
     assert g1.group_of(0, "pp") != g2.group_of(0, "pp")

@@ -101,7 +101,49 @@ class HardwareConfig:
 
 @dataclass
 class ClusterConfig:
-    nodes: int = 1
+    nodes: int = 1  # the nodes the plan runs on
+    spare_nodes: int = 0  # more nodes kept idle (warm) to replace a lost one without shrinking DP
+
+
+class PipelineRules(str, Enum):
+    torch = "torch"  # torch.distributed.pipelining's checks (Schedule1F1B raises below pp micro-batches)
+    megatron = "megatron"  # Megatron-Core's (1F1B caps its warm-up and runs; interleaving needs m % pp == 0)
+
+
+class Selective(str, Enum):
+    orchestrator = "orchestrator"  # norms, attention core and the SwiGLU product (this runtime's)
+    attention_core = "attention_core"  # the attention core only (Megatron, Korthikanti et al. 2022)
+
+
+@dataclass
+class StackConfig:
+    """The software stack a plan is for: what it shards, what it overlaps, what its
+    "selective" recompute recomputes and whose pipeline rules apply. Presets in
+    conf/stack/ cite their sources; `orchestrator` is this project's own runtime."""
+
+    name: str = MISSING
+    runtime: bool = False  # orchestrator's runtime trains it (launcher=local/slurm)
+    zero: int = 3  # data-parallel sharding when layout.zero is unset: 0 DDP, 1 optimizer, 2 +grads, 3 +weights
+    grad_bytes: float = 2.0  # per parameter in the gradient buffer (Megatron keeps fp32 main grads: 4)
+    # The part of the step that hides data-parallel traffic (gradient reduce-scatter or
+    # all-reduce, weight all-gather), as a fraction of the step's compute.
+    dp_overlap: float = 2.0 / 3.0
+    dp_first_gather_exposed: bool = True  # the step's first weight all-gather cannot hide (ZeRO-3/FSDP)
+    tp_overlap: float = 0.0  # fraction of tensor-parallel communication hidden behind GEMMs
+    ep_overlap: float = 0.0  # fraction of the expert all-to-all hidden (besides DualPipe's own overlap)
+    selective: Selective = Selective.orchestrator
+    pipeline_rules: PipelineRules = PipelineRules.torch
+
+
+@dataclass
+class FabricConfig:
+    """The network above the GPUs: how big an NVLink domain is and the tiers above it
+    (rack, pod, oversubscribed cluster). Separate from the GPU, so
+    `hardware=h100_sxm fabric=fat_tree` describes a run as its authors ran it."""
+
+    name: str = MISSING
+    nvlink_domain: Optional[int] = None  # GPUs on one NVLink domain; None = one node (NVL72: 72)
+    tiers: List[TierConfig] = field(default_factory=list)  # above the NVLink domain; none = one flat network
 
 
 @dataclass
@@ -187,7 +229,10 @@ class LayoutConfig:
     etp: Optional[int] = None  # expert tensor parallel; None = tp (Megatron's default)
     vp: int = 1  # virtual pipeline stages per rank (interleaved schedules)
     sequence_parallel: bool = True
-    zero: int = 3  # 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP)
+    zero: Optional[int] = None  # 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP); None = the stack's
+    # ranks that shard one copy of the model state (FSDP/ZeRO); None = all of dp. Smaller keeps
+    # dp / dp_shard whole copies (HSDP), so a lost replica can be dropped in place.
+    dp_shard: Optional[int] = None
     # innermost-first list ([tp, cp, pp, dp]), a Megatron string ("tp-cp-ep-dp-pp"), or auto
     order: Any = "auto"
     # explicit per-stage layer counts for uneven splits, e.g. Llama 3 405B [7, 8, ..., 8, 7]
@@ -250,6 +295,8 @@ class Config:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     launcher: Any = MISSING  # one of LAUNCHER_SCHEMAS, chosen by the `launcher` group
+    stack: StackConfig = field(default_factory=lambda: StackConfig(name="orchestrator", runtime=True))
+    fabric: FabricConfig = field(default_factory=lambda: FabricConfig(name="fat_tree"))
     cost: CostConfig = field(default_factory=CostConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)

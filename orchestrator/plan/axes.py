@@ -33,5 +33,9 @@ AXES: dict[str, Axis] = {a.name: a for a in (
 ORDER_TOKENS = ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core's default order, innermost first
 CANONICAL_ORDER = ("tp", "cp", "ep", "pp", "dp")  # Meta's (Llama 3): tensor, context, pipeline, data
 
-# The runtime's DeviceMesh dimensions, outermost first (torch's convention).
-MESH_DIMS = {"dense": ("pp", "dp", "cp", "tp"), "expert": ("pp", "edp", "ep", "etp")}
+# The runtime's DeviceMesh dimensions, outermost first (torch's convention). The dense mesh
+# splits dp into dpr (whole copies of the model state) x dps (the ranks that shard one copy,
+# FSDP's group with cp): dp = dpr x dps, dps innermost.
+MESH_DIMS = {"dense": ("pp", "dpr", "dps", "cp", "tp"), "expert": ("pp", "edp", "ep", "etp")}
+FSDP_DIMS = {"dense": ("dps", "cp"), "expert": ("edp",)}
+REPLICATE_DIMS = ("dpr",)

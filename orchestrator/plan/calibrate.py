@@ -80,8 +80,8 @@ def row_to_overrides(r: dict) -> Row:
         o += ["layout.zero=0", "training.flash_attention=false"]
     elif moe:
         o += ["layout.zero=1", "training.precision=fp8", "training.optimizer_bytes=8"]
-    else:
-        o += ["layout.zero=2"]
+    else:  # Llama 3 on Meta's cluster (Sec. 3.3)
+        o += ["layout.zero=2", "fabric=llama3_meta"]
     sched = r["schedule"].lower()
     stage_layers = None
     if pp > 1 and layers % pp:

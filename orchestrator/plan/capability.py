@@ -14,6 +14,10 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
     m, tr = spec.model, spec.training
     out = []
     launcher = spec.launcher.name.value
+    if not spec.stack.runtime:
+        out.append(Problem("stack", f"stack={spec.stack.name} plans a run as {spec.stack.name} trains it; "
+                           f"launcher={launcher} starts this project's own runtime.",
+                           "use stack=orchestrator to train here, or launcher=dry to plan for that stack."))
     if layout.schedule.torch_class is None:
         runnable = "dualpipev" if layout.schedule.name == "dualpipe" else "1f1b"
         out.append(Problem("schedule.name", f"the runtime cannot run schedule={layout.schedule.name} "

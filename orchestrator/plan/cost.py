@@ -149,11 +149,15 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
     rounds = 3.0 if d.zero == 3 else 2.0
     units = max(len(st.layers), 1)
     collective = AXES["dp"].collective if d.zero else "all-reduce"
-    for name, size, group, weights in (("dp", d.dp, d.dp * d.cp, (st.params - st.expert_params) / d.tp),
-                                       ("edp", d.edp, d.edp, st.expert_params / (d.etp * d.ep))):
-        live = group > 1 and weights > 0
-        out[name] = AxisReport(name, size, collective, (rounds if d.zero else 1) * units if live else 0,
-                               rounds * 2.0 * weights * (group - 1) / group if live else 0, hideable=True)
+    for name, size, group, copies, weights in (
+            ("dp", d.dp, d.dp_shard * d.cp, d.dp_replicate, (st.params - st.expert_params) / d.tp),
+            ("edp", d.edp, d.edp, 1, st.expert_params / (d.etp * d.ep))):
+        live = group * copies > 1 and weights > 0
+        nbytes = rounds * 2.0 * weights * (group - 1) / group
+        # HSDP: the shards' gradients are all-reduced across the copies of the state too
+        nbytes += 2.0 * 2.0 * weights / group * (copies - 1) / copies
+        out[name] = AxisReport(name, size, collective, ((rounds if d.zero else 1) + (copies > 1)) * units
+                               if live else 0, nbytes if live else 0, hideable=True)
     return out
 
 

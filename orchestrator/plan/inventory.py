@@ -64,7 +64,7 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
     t, c = d.tp, d.cp
     dense = (st.params - st.expert_params) / t
     expert = st.expert_params / (d.etp * d.ep)
-    shard = d.dp * c  # FSDP / ZeRO group of dense weights
+    shard = d.dp_shard * c  # FSDP / ZeRO group of dense weights (one copy of the state)
     eshard = d.edp  # ... and of expert weights
 
     def sharded(level: int) -> float:
@@ -82,7 +82,7 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
         acts += 2 * 4.0 * tokens * vocab / t  # fp32 logits and their gradient
     # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched).
     per_layer = dense / max(len(st.layers), 1)
-    other = hw.reserve_gb * GiB + (2 * 2.0 * per_layer if d.zero >= 3 and d.dp * c > 1 else 0.0)
+    other = hw.reserve_gb * GiB + (2 * 2.0 * per_layer if d.zero >= 3 and shard > 1 else 0.0)
     total = params + grads + optimizer + acts + other
     return Memory(params, grads, optimizer, acts, other, total, hw.gpu_memory_gb * GiB, st.index)
 

@@ -42,6 +42,7 @@ class Layout:
     etp: int
     vp: int
     zero: int
+    dp_shard: int  # ranks sharding one copy of the model state (FSDP/ZeRO); dp / dp_shard copies
     micro_batch: int
     microbatches: int
     stage_layers: list[int]  # layers per pipeline rank
@@ -52,6 +53,11 @@ class Layout:
     def edp(self) -> int:
         """Expert data parallel: the ranks that hold the same experts."""
         return self.world // (self.etp * self.ep * self.pp)
+
+    @property
+    def dp_replicate(self) -> int:
+        """Whole copies of the model state (HSDP's replicate dimension)."""
+        return self.dp // self.dp_shard
 
     @property
     def chunks(self) -> int:
@@ -94,7 +100,8 @@ class Layout:
         last = len(ranges) - 1
         return {
             "tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "etp": self.etp,
-            "edp": self.edp, "vp": self.vp, "zero": self.zero, "order": order, "microbatches": self.microbatches,
+            "edp": self.edp, "vp": self.vp, "zero": self.zero, "dp_shard": self.dp_shard,
+            "dp_replicate": self.dp_replicate, "order": order, "microbatches": self.microbatches,
             "micro_batch": self.micro_batch, "stage_layers": self.stage_layers, "schedule": self.schedule.name,
             "label": self.label(),
             # What each pipeline rank runs, so the runtime derives nothing.

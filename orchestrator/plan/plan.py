@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.config.compose import to_dict
 from orchestrator.config.errors import PlanError, Problem
 from orchestrator.config.schema import Config
-from orchestrator.plan.axes import AXES, MESH_DIMS
+from orchestrator.plan.axes import AXES, FSDP_DIMS, MESH_DIMS, REPLICATE_DIMS
 from orchestrator.plan.cost import AxisReport, Step, auto_order, axis_traffic, step_time
 from orchestrator.plan.inventory import Memory, inventory
 from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_memory
@@ -83,8 +83,8 @@ class Plan:
             out["expert_ranks"] = self.expert_grid().to_json()
             # The runtime's meshes: which grid axes each DeviceMesh has and what FSDP shards over.
             out["mesh"] = {"dense": list(MESH_DIMS["dense"]), "expert": list(MESH_DIMS["expert"]),
-                           "fsdp": list(AXES["dp"].members), "expert_fsdp": list(AXES["edp"].members),
-                           "data": "dp"}
+                           "fsdp": list(FSDP_DIMS["dense"]), "expert_fsdp": list(FSDP_DIMS["expert"]),
+                           "replicate": list(REPLICATE_DIMS), "data": "dp"}
             out["blast_radius"] = self.blast_radius
         if self.spec.published is not None:
             out["published"] = to_dict(self.spec.published)
@@ -106,7 +106,7 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     stages = build_stages(mm, layout, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops)
     axes = axis_traffic(stages, layout, mm, tr, hw, spec.layout.sequence_parallel)
     order = order_override or layout.order or auto_order(axes, layout)
-    tiers = _place(axes, layout, order, hw)
+    tiers = _place(axes, layout, order, spec)
     step = step_time(stages, layout, mm, tr, hw, axes, tiers)
     memory = inventory(stages, layout, hw, tr, mm.V)
     plan.layout, plan.order, plan.axes, plan.step, plan.memory = layout, order, axes, step, memory
@@ -121,16 +121,17 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     plan.tflops_per_gpu = plan.mfu * hw.peak_tflops
     plan.tokens_per_s = tokens / step.wall_s
     plan.blast_radius = blast_radius(plan, mm)
-    judge_cross_node_tp(plan, tiers_for(hw))
+    judge_cross_node_tp(plan, tiers_for(spec))
     judge_memory(plan)
     plan.valid = not plan.errors
     return plan
 
 
-def _place(axes: dict[str, AxisReport], layout: Layout, order: list[str], hw) -> dict[str, Tier]:
+def _place(axes: dict[str, AxisReport], layout: Layout, order: list[str], spec: Config) -> dict[str, Tier]:
     """The tier each axis' groups span on this order, written into its report."""
     grids = {"dense": layout.dense_grid(order), "expert": layout.expert_grid(order)}
-    tier_list = tiers_for(hw)
+    hw = spec.hardware
+    tier_list = tiers_for(spec)
     tiers: dict[str, Tier] = {}
     for name, report in axes.items():
         axis = AXES[name]

@@ -49,10 +49,13 @@ class Tier:
     latency_us: float
 
 
-def tiers_for(hw) -> list[Tier]:
-    """NVLink inside the node, then the configured tiers (rack, pod, cluster), or one network."""
-    out = [Tier("nvlink", hw.gpus_per_node, hw.intra_node_gbps, hw.intra_node_latency_us)]
-    for t in sorted(hw.tiers, key=lambda t: t.size):
+def tiers_for(spec) -> list[Tier]:
+    """NVLink inside the NVLink domain (a node, or the fabric's: 72 GPUs on an NVL72), then the
+    fabric's tiers (rack, pod, cluster; the hardware preset's when the fabric names none),
+    or one flat network."""
+    hw, fabric = spec.hardware, spec.fabric
+    out = [Tier("nvlink", fabric.nvlink_domain or hw.gpus_per_node, hw.intra_node_gbps, hw.intra_node_latency_us)]
+    for t in sorted(fabric.tiers or hw.tiers, key=lambda t: t.size):
         bw = (t.gbps if t.gbps is not None else hw.inter_node_gbps) / max(t.oversubscription, 1e-9)
         out.append(Tier(t.name, t.size, bw, t.latency_us))
     if len(out) == 1:

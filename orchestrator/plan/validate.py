@@ -41,7 +41,10 @@ LIMITS: dict[str, tuple[float, float]] = {
     "training.log_every": (1, 1 << 40), "training.adam_eps": (0, 1.0), "training.checkpoint.every": (0, 1 << 40),
     "training.checkpoint.keep": (1, 1 << 20), "layout.tp": (1, 1 << 16), "layout.cp": (1, 1 << 16),
     "layout.pp": (1, 4096), "layout.ep": (1, 1 << 16), "layout.etp": (1, 1 << 16), "layout.vp": (1, 1024),
-    "layout.zero": (0, 3), "schedule.microbatches": (1, BIG), "search.top": (1, 1000),
+    "layout.zero": (0, 3), "layout.dp_shard": (1, MAX_WORLD), "schedule.microbatches": (1, BIG),
+    "search.top": (1, 1000), "cluster.spare_nodes": (0, 1 << 18), "stack.zero": (0, 3), "stack.grad_bytes": (0, 16),
+    "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
+    "fabric.nvlink_domain": (1, 1 << 16),
 }
 
 
@@ -67,12 +70,12 @@ def check_values(spec: Config) -> list[Problem]:
             what = "must be positive" if lo > 0 and isinstance(v, (int, float)) and v <= 0 else "is out of range"
             out.append(Problem(key, f"{what}, got {v!r}; a real configuration has {lo:g} <= {key} <= {hi:g}.",
                                f"set {key} to a value in that range."))
-    for i, t in enumerate(spec.hardware.tiers):
+    for i, t in enumerate(list(spec.hardware.tiers) + list(spec.fabric.tiers)):
         nums = {"size": t.size, "oversubscription": t.oversubscription, "latency_us": t.latency_us,
                 "gbps": 1.0 if t.gbps is None else t.gbps}
         if not all(math.isfinite(x) and x > 0 for k, x in nums.items() if k != "latency_us") or \
                 not (math.isfinite(t.latency_us) and t.latency_us >= 0) or t.oversubscription < 1:
-            out.append(Problem(f"hardware.tiers[{i}]", f"tier {t.name!r} needs size > 0, gbps > 0, "
+            out.append(Problem("hardware.tiers, fabric.tiers", f"tier {t.name!r} needs size > 0, gbps > 0, "
                                f"oversubscription >= 1 and latency_us >= 0, got {nums}.",
                                "fix the tier in the hardware preset."))
     world = spec.cluster.nodes * spec.hardware.gpus_per_node
@@ -104,6 +107,11 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
         return None, problems, warnings
     world, dp = _check_product(spec, problems)
     etp = spec.layout.etp or spec.layout.tp
+    dp_shard = spec.layout.dp_shard or dp
+    if dp and dp % dp_shard:
+        problems.append(Problem("layout.dp_shard, layout.dp", f"dp={dp} does not split into copies of "
+                                f"dp_shard={dp_shard} ranks each.",
+                                f"use a dp_shard that divides {dp}, e.g. {[x for x in _divisors(dp)][-3:]}."))
     _check_experts(spec, world, etp, order, problems)
     _check_tensor(spec, problems, warnings)
     stage_layers = _check_pipeline(spec, problems, warnings)
@@ -113,7 +121,8 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
         return None, problems, warnings
     lay = spec.layout
     layout = Layout(world=world, tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=dp, ep=lay.ep, etp=etp, vp=lay.vp,
-                    zero=lay.zero, micro_batch=spec.training.micro_batch, microbatches=mb,
+                    zero=spec.stack.zero if lay.zero is None else lay.zero, dp_shard=dp_shard,
+                    micro_batch=spec.training.micro_batch, microbatches=mb,
                     stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order)
     return layout, problems, warnings
 

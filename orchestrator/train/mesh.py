@@ -22,26 +22,36 @@ def grid_from_json(plan_json: dict, key: str = "ranks") -> RankGrid:
     return RankGrid(ranks["sizes"], ranks["order"])
 
 
-def rank_tensor(grid: RankGrid, dims=DENSE_DIMS) -> np.ndarray:
-    """Ranks as an array indexed by `dims` (e.g. [pp, dp, cp, tp]): entry = the rank there.
-    Grid axes not in `dims` must have size 1."""
+def rank_tensor(grid: RankGrid, dims=DENSE_DIMS, dp_shard: int | None = None) -> np.ndarray:
+    """Ranks as an array indexed by `dims` (e.g. [pp, dpr, dps, cp, tp]): entry = the rank there.
+    The grid's dp axis splits into dpr x dps (dp = r * dp_shard + s); grid axes not in `dims`
+    must have size 1."""
+    split = "dpr" in dims and "dps" in dims
+    plain = [d for d in dims if d not in ("dpr", "dps")] + (["dp"] if split else [])
     cube_axes = list(reversed(grid.order))  # the grid's cube is indexed outermost axis first
-    extra = [a for a in cube_axes if a not in dims]
+    extra = [a for a in cube_axes if a not in plain]
     assert all(grid.sizes[a] == 1 for a in extra), f"axes {extra} are not in the mesh {dims}"
     cube = grid.ranks_cube().squeeze(axis=tuple(cube_axes.index(a) for a in extra))
-    kept = [a for a in cube_axes if a in dims]
-    return np.transpose(cube, [kept.index(a) for a in dims])
+    kept = [a for a in cube_axes if a in plain]
+    out = np.transpose(cube, [kept.index(a) for a in plain])  # indexed [...others, dp]
+    if split:
+        shard = dp_shard or grid.sizes["dp"]
+        out = out.reshape(*out.shape[:-1], grid.sizes["dp"] // shard, shard)  # [..., dpr, dps]
+        names = plain[:-1] + ["dpr", "dps"]
+        out = np.transpose(out, [names.index(d) for d in dims])
+    return out
 
 
-def mesh_from_grid(grid: RankGrid, device_type: str = "cpu", dims=DENSE_DIMS) -> DeviceMesh:
+def mesh_from_grid(grid: RankGrid, device_type: str = "cpu", dims=DENSE_DIMS, dp_shard: int | None = None) -> DeviceMesh:
     """Every rank calls this collectively; returns the DeviceMesh of the plan's groups."""
-    mesh = torch.as_tensor(rank_tensor(grid, dims))
+    mesh = torch.as_tensor(rank_tensor(grid, dims, dp_shard))
     return DeviceMesh(device_type, mesh, mesh_dim_names=tuple(dims))
 
 
 def meshes_from_plan(plan_json: dict, device_type: str) -> dict[str, DeviceMesh]:
     """The dense mesh, and the expert mesh when the plan has expert parallelism."""
-    out = {"dense": mesh_from_grid(grid_from_json(plan_json, "ranks"), device_type, plan_json["mesh"]["dense"])}
+    out = {"dense": mesh_from_grid(grid_from_json(plan_json, "ranks"), device_type, plan_json["mesh"]["dense"],
+                                   plan_json["layout"]["dp_shard"])}
     if plan_json["layout"]["ep"] > 1:
         out["expert"] = mesh_from_grid(grid_from_json(plan_json, "expert_ranks"), device_type,
                                        plan_json["mesh"]["expert"])

@@ -4,9 +4,12 @@
   (seed 2: one all-reduce per attention and per MLP block, as AG + RS with SP),
   a vocabulary-parallel embedding and a vocabulary-parallel loss (`loss_parallel`).
 - Context parallel: the attention all-gathers K and V inside the CP group (model.py).
-- FSDP2 (`fully_shard`) over data x context ranks, as torchtitan does; weights stay
-  gathered between forward and backward under pipelining (the zero-bubble + FSDP2
-  trap in ../shared/notes/torch-cpu.md).
+- FSDP2 (`fully_shard`) over the ranks that shard one copy of the state (dps x cp), as
+  torchtitan does; weights stay gathered between forward and backward under pipelining
+  (the zero-bubble + FSDP2 trap in ../shared/notes/torch-cpu.md). With several copies
+  (layout.dp_shard < dp: HSDP), `sync_replicas` averages the gradient shards across the
+  copies over a group the runtime owns, so a lost copy can be dropped without touching
+  FSDP's own groups.
 - Pipeline: `torch.distributed.pipelining` stages cut exactly as plan.json lists them
   for this pipeline rank, run by the schedule class its registry entry names.
 
@@ -20,7 +23,7 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as S
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
@@ -136,3 +139,22 @@ def build_schedule(plan: dict, parts, mesh, device: torch.device, loss_fn):
     cls = getattr(S, SCHEDULES[lay["schedule"]].torch_class)
     first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]
     return cls(first, n_microbatches=lay["microbatches"], loss_fn=loss_fn), stages
+
+
+def sync_replicas(parts, group, copies: int) -> None:
+    """Average every gradient (this rank's shard) across the copies of the model state, in one
+    all-reduce: gloo has no AVG, so SUM and divide."""
+    grads = []
+    for _, part in parts:
+        for p in part.parameters():
+            if p.grad is not None:
+                grads.append(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat, group=group)
+    flat /= copies
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()

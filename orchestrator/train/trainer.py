@@ -33,7 +33,7 @@ from orchestrator.train.data import TokenSource
 from orchestrator.train.logger import Logger
 from orchestrator.train.mesh import grid_from_json, meshes_from_plan
 from orchestrator.train.model import cp_shard
-from orchestrator.train.parallel import build_model_parts, build_schedule
+from orchestrator.train.parallel import build_model_parts, build_schedule, sync_replicas
 
 
 def loss_fn(logits, labels):
@@ -95,6 +95,8 @@ class Trainer:
             self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device, loss_fn)
         ids = [i for i, _ in self.parts]
         self.has_first, self.has_last = 0 in ids, self.lay["num_stages"] - 1 in ids
+        self.copies = self.lay["dp_replicate"]
+        self.replica_group = self.meshes["dense"]["dpr"].get_group() if self.copies > 1 else None
         self.data = TokenSource(self.spec.model.vocab, tr.seq_len, tr.seed, tr.data)
         self.dp_rank = self.coords[self.plan["mesh"]["data"]]
         # The first rank of each data-parallel replica records what it read.
@@ -146,6 +148,8 @@ class Trainer:
                     loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b]) / m
                     loss.backward()
                     local += _scalar(loss)
+        if self.replica_group is not None:
+            sync_replicas(self.parts, self.replica_group, self.copies)
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
