@@ -116,15 +116,16 @@ def run(overrides: list[str], argv: list[str]) -> int:
     run_dir = Path(cfg.hydra.run.dir)
     plan = make_plan(cfg)
     print(render_table(plan))
+    if plan.valid:  # values that reach a shell, a batch script or a path: before anything is written
+        launcher = launcher_for(plan, run_dir, argv)
+        problems = launcher.preflight()
+        if problems:
+            return print_rejection(problems, "submitted" if plan.spec.launcher.name.value == "slurm" else "launched")
     paths = write_plan(plan, run_dir, figures=plan.spec.figures and plan.valid)
     write_config(run_dir, cfg, overrides, argv)
     print(f"\nplan written to {paths['json']}" + (" (pictures beside it)" if "cluster" in paths else ""))
     if not plan.valid:
         return print_rejection(plan.errors)
-    launcher = launcher_for(plan, run_dir, argv)
-    problems = launcher.preflight()  # before anything is started or submitted
-    if problems:
-        return print_rejection(problems, "submitted" if plan.spec.launcher.name.value == "slurm" else "launched")
     return launcher.submit()
 
 

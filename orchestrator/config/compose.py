@@ -127,7 +127,11 @@ def compose_problem(e: Exception, overrides: list[str]) -> Problem:
         return Problem(group, f"has no option {bad!r}.", f"use one of {options}." if options else
                        "check the option's name (orchestrate --help lists them).")
     if isinstance(e, OverrideParseException):
-        return Problem("command line", text.splitlines()[0], "write overrides as key=value, e.g. layout.tp=8.")
+        import re
+
+        m = re.search(r"([A-Za-z_+~][\w.\-/@]*)=", text)
+        return Problem(m.group(1).lstrip("+~") if m else "command line", f"cannot be parsed: {text.splitlines()[0]}",
+                       "write overrides as key=value, quoting values with spaces or newlines ('...').")
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError
 
     key = getattr(e, "full_key", None) or getattr(cause, "full_key", None)

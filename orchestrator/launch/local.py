@@ -92,7 +92,8 @@ class LocalJob:
             env.update(RANK=str(rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank % self.gpn),
                        LOCAL_WORLD_SIZE=str(self.gpn), GROUP_RANK=str(self.node_of(rank)),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                       PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+                       PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                       PYTHONFAULTHANDLER="1")  # a crash in native code leaves every thread's Python stack in the log
             env.update({k: str(v) for k, v in self.env.items()})
             p = subprocess.Popen(self.worker, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, text=True, bufsize=1, preexec_fn=_die_with_parent)

@@ -2,6 +2,7 @@
 the checkpoint location, and whether a checkpoint found there may be resumed by this run."""
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 
@@ -85,15 +86,19 @@ def location_problems(url: str, writes: bool) -> list[Problem]:
 
 
 def resume_problems(spec: Config, url: str) -> list[Problem]:
-    """A checkpoint this run would resume from must fit its model, batch and data."""
-    latest = ckpt.latest_complete(url)
-    if latest is None:
+    """A checkpoint this run would resume from must fit its model, batch and data. Saves whose
+    meta.json cannot be read are damaged: the runtime skips them (and says so), so they are
+    no reason to refuse here."""
+    meta = None
+    for step in ckpt.complete_steps(url):
+        try:
+            meta = ckpt.read_meta(url, step)
+            break
+        except Exception as e:  # noqa: PERF203 - damaged saves are rare
+            print(f"warning: the checkpoint at step {step} in {url} has no readable meta.json "
+                  f"({type(e).__name__}); it will be skipped.", file=sys.stderr)
+    if meta is None:
         return []
-    try:
-        meta = ckpt.read_meta(url, latest)
-    except Exception as e:
-        return [Problem("training.checkpoint.dir", f"the checkpoint at step {latest} has no readable meta.json "
-                        f"({type(e).__name__}).", "point training.checkpoint.dir at a new location.")]
     return [Problem(k, m + ".", "point training.checkpoint.dir at a new location, restore the setting, or allow "
                     f"the change on purpose with training.resume.allow=[{k}]" +
                     (" (or training.resume.allow_batch_change=true)" if k in ckpt.BATCH_KEYS else "") + ".")

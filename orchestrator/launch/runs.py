@@ -107,7 +107,7 @@ def code_drift(run_dir: Path) -> list[str]:
 
 
 def show_status(run_dir: Path) -> int:
-    from orchestrator.launch.events import read_events
+    from orchestrator.plan.events import read_events
 
     row = summary(run_dir)
     status = read_status(run_dir)

@@ -36,7 +36,7 @@ def problems(lc, run_dir: Path) -> list[Problem]:
         if not lo <= v <= hi:
             out.append(Problem(f"launcher.{f}", f"must be between {lo} and {hi}, got {v}.", f"set launcher.{f} "
                                f"in that range."))
-    if lc.signal_delay_s >= lc.time_min * 60:
+    if not out and lc.signal_delay_s >= lc.time_min * 60:
         out.append(Problem("launcher.signal_delay_s, launcher.time_min", f"the save-and-requeue signal "
                            f"{lc.signal_delay_s} s before the end of a {lc.time_min}-minute job comes before it starts.",
                            "use a signal_delay_s shorter than the time limit."))

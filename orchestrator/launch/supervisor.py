@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.launch import events
+from orchestrator.plan import events
 from orchestrator.launch.status import write_status
 from orchestrator.plan import checkpoints as ckpt
 from orchestrator.plan.artifacts import write_plan

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.plan.checkpoints import MARKER, fs_of, clean_incomplete, step_dir
+from orchestrator.plan import checkpoints as store
 
 
 def _options():
@@ -27,29 +27,37 @@ def state_dicts(parts, optimizers) -> tuple[dict, dict]:
 
 
 class PendingSave:
-    """An asynchronous save in flight: `finish()` waits for every rank, then marks it complete."""
+    """A save in flight: `finish()` waits for every rank, has each hash the files it wrote,
+    and then (rank 0) writes the manifest, meta.json and COMPLETE, in that order."""
 
-    def __init__(self, future, url: str, step: int, meta: dict, rank: int, keep: int):
+    def __init__(self, future, url: str, step: int, meta: dict, rank: int, keep: int, group=None):
         self.future, self.url, self.step, self.meta, self.rank, self.keep = future, url, step, meta, rank, keep
+        self.group = group  # the ranks that coordinate (None: every rank of the job)
 
     def finish(self) -> None:
         import torch.distributed as dist
 
         if self.future is not None:
             self.future.result()
-        dist.barrier()
+        dist.barrier(group=self.group)
+        mine = store.digest_own_files(self.url, self.step, self.rank)
+        everyone = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(everyone, mine, group=self.group)
         if self.rank == 0:
+            files = {k: v for part in everyone for k, v in part.items()}
+            files.update(store.digest_own_files(self.url, self.step, None))
+            store.write_manifest(self.url, self.step, files)
             _mark_complete(self.url, self.step, self.meta, self.keep)
-        dist.barrier()
+        dist.barrier(group=self.group)
 
 
 def _mark_complete(url: str, step: int, meta: dict, keep: int) -> None:
-    fs, p = fs_of(step_dir(url, step))
+    fs, p = store.fs_of(store.step_dir(url, step))
     with fs.open(f"{p}/meta.json", "w") as f:
         json.dump(meta, f, indent=1)
-    with fs.open(f"{p}/{MARKER}", "w") as f:
+    with fs.open(f"{p}/{store.MARKER}", "w") as f:
         f.write(str(step))
-    clean_incomplete(url, keep=keep)
+    store.clean_incomplete(url, keep=keep)
 
 
 def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: int, fault_hook=None,
@@ -61,9 +69,9 @@ def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: in
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    path = step_dir(url, step)
+    path = store.step_dir(url, step)
     if rank == 0:
-        clean_incomplete(url)
+        store.clean_incomplete(url)
     dist.barrier()
     model, optim = state_dicts(parts, optimizers)
     if fault_hook is not None:
@@ -73,11 +81,35 @@ def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: in
         # from another thread interleaves collectives (gloo aborts on the mismatch).
         future = dcp.async_save({"model": model, "optim": optim}, storage_writer=FsspecWriter(path),
                                 process_group=group)
-        return PendingSave(future, url, step, meta, rank, keep)
+        return PendingSave(future, url, step, meta, rank, keep, group)
     dcp.save({"model": model, "optim": optim}, storage_writer=FsspecWriter(path))
     pending = PendingSave(None, url, step, meta, rank, keep)
     pending.finish()
     return pending
+
+
+def load_intact(url: str, parts, optimizers, on_damaged=None) -> int | None:
+    """Load the newest complete save whose files match its manifest (every rank checks a share
+    of them); a damaged one is marked, reported through `on_damaged(step, problems)` and
+    skipped. Returns the step loaded, or None when there is no intact save."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for step in store.complete_steps(url):
+        mine = store.verify(url, step, part=rank, parts=world)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        problems = [p for part in everyone for p in part]
+        if problems:
+            if rank == 0:
+                store.mark_damaged(url, step, problems)
+                if on_damaged is not None:
+                    on_damaged(step, problems)
+            dist.barrier()
+            continue
+        load(url, step, parts, optimizers)
+        return step
+    return None
 
 
 def load(url: str, step: int, parts, optimizers) -> None:
@@ -88,7 +120,7 @@ def load(url: str, step: int, parts, optimizers) -> None:
 
     model, optim = state_dicts(parts, optimizers)
     state = {"model": model, "optim": optim}
-    dcp.load(state, storage_reader=FsspecReader(step_dir(url, step)))
+    dcp.load(state, storage_reader=FsspecReader(store.step_dir(url, step)))
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     for (_, part), opt in zip(parts, optimizers):

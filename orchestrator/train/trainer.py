@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from orchestrator.config.compose import typed
 from orchestrator.config.schema import Device, Precision
 from orchestrator.plan import checkpoints as store
+from orchestrator.plan import events
 from orchestrator.plan.metrics import measured_mfu
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train.data import TokenSource
@@ -34,6 +35,9 @@ from orchestrator.train.logger import Logger
 from orchestrator.train.mesh import grid_from_json, meshes_from_plan
 from orchestrator.train.model import cp_shard
 from orchestrator.train.parallel import build_model_parts, build_schedule, sync_replicas
+
+
+EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops and says so
 
 
 def loss_fn(logits, labels):
@@ -103,14 +107,20 @@ class Trainer:
         self.records = self.coords["tp"] == 0 and self.coords["cp"] == 0 and self.has_first
 
     def resume(self) -> int:
-        """Load the latest complete checkpoint (resharded into this layout); the step to start at."""
-        latest = store.latest_complete(self.url)
-        if latest is None:
+        """Load the newest intact checkpoint (resharded into this layout); the step to start at.
+        A damaged one (a file missing or altered, by its manifest) is reported and skipped."""
+        if store.latest_complete(self.url) is None:
             torch.manual_seed(self.spec.training.seed)
             return 0
-        meta = store.read_meta(self.url, latest)
         t0 = time.perf_counter()
-        ckpt.load(self.url, latest, self.parts, self.opts)
+        latest = ckpt.load_intact(self.url, self.parts, self.opts, on_damaged=self._damaged)
+        if latest is None:
+            if self.rank == 0:
+                print(f"NO INTACT CHECKPOINT in {self.url}: every complete save is damaged (see the DAMAGED file "
+                      f"in each). Restore them, or point training.checkpoint.dir elsewhere to start over.",
+                      flush=True)
+            raise SystemExit(EXIT_NO_CHECKPOINT)
+        meta = store.read_meta(self.url, latest)
         if os.environ.get("ORCH_DUMP_AFTER_LOAD"):
             _dump_full_state(Path(os.environ["ORCH_DUMP_AFTER_LOAD"]), self.rank, self.parts, self.opts)
         if self.rank == 0:
@@ -120,6 +130,12 @@ class Trainer:
         buf = np.frombuffer(base64.b64decode(meta["rng_state"]), dtype=np.uint8).copy()
         torch.random.set_rng_state(torch.from_numpy(buf))  # every rank continues rank 0's stream
         return meta["step"]
+
+    def _damaged(self, step: int, problems: list[str]) -> None:
+        print(f"CHECKPOINT DAMAGED: step {step} in {store.step_dir(self.url, step)}: {'; '.join(problems[:3])}"
+              f"{' ...' if len(problems) > 3 else ''}; marked DAMAGED, trying the previous one", flush=True)
+        events.record(self.run_dir, {"mode": "checkpoint_damaged", "step": step, "problems": problems,
+                                     "attempt": self.attempt})
 
     def train_step(self, step: int) -> float:
         """One optimizer step over this rank's share of the global batch; the mean loss."""

@@ -1,7 +1,9 @@
-"""What happened to a run: failover.json, and the same events in TensorBoard. Torch-free,
-so a supervisor on a machine without torch records them too."""
+"""What happened to a run: failover.json (failovers, damaged checkpoints), and the same
+events in TensorBoard. Torch-free, so a supervisor on a machine without torch records
+them too, and the runtime's rank 0 records what only it sees."""
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from pathlib import Path
@@ -16,13 +18,16 @@ def read_events(run_dir: Path) -> list[dict]:
 
 
 def record(run_dir: Path, event: dict) -> dict:
-    """Append one event to failover.json (written whole, atomically) and to TensorBoard."""
+    """Append one event to failover.json (written whole, then renamed, under a lock: the
+    supervisor and rank 0 both record) and to TensorBoard."""
     run_dir = Path(run_dir)
     event = {"time": time.time(), **event}
-    events = read_events(run_dir) + [event]
-    tmp = run_dir / "failover.json.tmp"
-    tmp.write_text(json.dumps(events, indent=1, default=str) + "\n")
-    tmp.replace(run_dir / "failover.json")
+    with open(run_dir / ".failover.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        events = read_events(run_dir) + [event]
+        tmp = run_dir / "failover.json.tmp"
+        tmp.write_text(json.dumps(events, indent=1, default=str) + "\n")
+        tmp.replace(run_dir / "failover.json")
     _tensorboard(run_dir / "tensorboard", event, len(events))
     return event
 
