@@ -87,7 +87,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "orchestrator", *dp2, "launcher=dry", f"hydra.run.dir={tr_dir}"],
                        cwd=ROOT, check=True, capture_output=True)
         torchrun = str(Path(sys.executable).with_name("torchrun"))
-        from orchestrator.launch.local import free_port
+        from orchestrator.launch.processes import free_port
 
         tr_first = first_step_seconds([torchrun, "--nproc_per_node=2", f"--master_port={free_port()}", "-m",
                                        "orchestrator.train.worker", str(tr_dir)],

@@ -6,7 +6,7 @@ import traceback
 
 import torch.multiprocessing as mp
 
-from orchestrator.launch.local import free_port
+from orchestrator.launch.processes import free_port
 
 
 def _entry(rank, fn, world, port, args, errq):

@@ -121,7 +121,7 @@ def _alive(pid: int) -> bool:
 def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     from orchestrator import compose, make_plan
     from orchestrator.plan.artifacts import write_plan
-    from orchestrator.launch.local import LocalJob
+    from orchestrator.launch.processes import LocalJob
 
     run = tmp_path / "run"
     plan = make_plan(compose([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,29 +112,52 @@ def test_preempted_job_requeues_and_finishes_from_its_checkpoint(cluster, tmp_pa
     assert [got[s] for s in range(30)] == pytest.approx(reference[:30], rel=1e-5)
 
 
-def test_node_failure_reforms_on_the_survivors(cluster, tmp_path, reference):
-    run = tmp_path / "nf" / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *COMMON, "launcher=slurm", "launcher.wait=true",
-                             "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "training.steps=40",
-                             "training.checkpoint.every=4", f"hydra.run.dir={run}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _detached_run_with_a_node_killed(tmp_path, *layout) -> Path:
+    """Submit and walk away (no launcher.wait): the job owns the failure. Kill node2 once nine
+    steps are done, then only watch status.json until the run ends."""
+    run = tmp_path / "run"
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                 "training.steps=40", *layout], tmp_path, timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and
                                                     len((run / "metrics.jsonl").read_text().splitlines()) >= 9):
             time.sleep(0.3)
         subprocess.run([str(ROOT / "slurm" / "kill-node.sh"), "node2"], check=True, timeout=30)
-        out, _ = proc.communicate(timeout=500)
+        from orchestrator.launch.runs import wait_for
+
+        deadline = time.monotonic() + 600
+        state = None
+        while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
+            state = json.loads((run / "status.json").read_text()).get("state")
+            time.sleep(1)
+        assert state == "completed", (run / "status.json").read_text()
     finally:
         subprocess.run([str(SCRIPT), "up"], env=dict(os.environ, NODES="2", GPUS="4", CPUS="8"),
                        capture_output=True, timeout=300)  # node2 back in service for later tests
-    assert proc.returncode == 0, out[-3000:]
+    return run
+
+
+def test_a_detached_job_restarts_on_the_survivors_when_its_state_has_one_copy(cluster, tmp_path, reference):
+    run = _detached_run_with_a_node_killed(tmp_path, "training.checkpoint.every=4")
     (event,) = json.loads((run / "failover.json").read_text())
-    assert event["node"] == "node2" and event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
+    assert event["mode"] == "restart" and event["node"] == "node2"
+    assert event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
     assert event["nodes_in_service"] == ["node1"]
     got = losses_by_step(run)
     assert [got[s] for s in range(40)] == pytest.approx(reference, rel=1e-5)
     assert samples_read(run) == list(range(40 * 16))  # none lost, none repeated
+
+
+def test_a_detached_job_goes_on_in_place_when_its_state_has_copies(cluster, tmp_path, reference):
+    run = _detached_run_with_a_node_killed(tmp_path, "layout.dp_shard=2", "failover.quorum_s=5")
+    (event,) = json.loads((run / "failover.json").read_text())
+    assert event["mode"] == "in_place" and event["steps_lost"] == 0 and event["new_layout"]["dp"] == 2
+    assert event["recovery_s"] > 0
+    got = losses_by_step(run)
+    assert [got[s] for s in range(40)] == pytest.approx(reference, rel=1e-5)
+    assert samples_read(run) == list(range(40 * 16))
 
 
 def test_allocation_that_does_not_match_the_plan_stops_before_training(cluster, tmp_path):

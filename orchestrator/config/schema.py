@@ -271,6 +271,7 @@ class FaultConfig:
     at_step: Optional[int] = None  # once this many steps have completed
     mode: FaultMode = FaultMode.step
     seed: int = 0
+    rejoin_at_step: Optional[int] = None  # the killed node comes back once this many steps completed
 
 
 @dataclass
@@ -279,7 +280,11 @@ class FailoverConfig:
     max_failovers: int = 3
     min_dp: int = 1
     batch_policy: BatchPolicy = BatchPolicy.keep
-
+    # With several copies of the state (layout.dp_shard < dp) the survivors go on in place;
+    # false: always re-plan and restart from the last checkpoint.
+    in_place: bool = True
+    timeout_s: float = 60.0  # a collective across copies gives up on a silent peer after this
+    quorum_s: float = 10.0  # how long the coordinator waits for every live copy to report
 
 @dataclass
 class SearchConfig:

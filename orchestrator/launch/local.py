@@ -1,179 +1,40 @@
-"""launcher=local: one process per emulated GPU on this machine, grouped into the
-plan's emulated nodes (ranks node*gpus_per_node ... (node+1)*gpus_per_node-1).
+"""launcher=local: the ranks as processes on this machine (launch/processes.py), supervised to
+the end by the `orchestrate` process with the failover loop every launcher shares.
 
-Each rank gets the usual torch environment (RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Output lines are prefixed
-by node and rank and kept in RUN_DIR/logs/. If any rank fails, every other rank
-is killed (each worker leads its own process group, so nothing survives it) and
-the launcher reports which rank failed and how. The ranks die with the launcher
-whatever ends it: Linux delivers SIGKILL to each rank when its parent dies
-(PR_SET_PDEATHSIG), and SIGTERM/SIGINT stop them before the launcher exits.
-
-A rank killed by a signal is how an (emulated) node dies: the supervisor re-plans
-on the other nodes. A rank that exits with an error is the program failing, not a
-node: the run stops and says why.
+A rank killed by a signal is how an (emulated) node dies: with several copies of the
+model state the other copies go on in place (launch/inplace.py), otherwise the
+supervisor re-plans on the other nodes and restarts. A rank that exits with an error is
+the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
+every rank before the launcher exits.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config.schema import FaultMode
 from orchestrator.launch.base import Launcher
-from orchestrator.launch.supervisor import Outcome, Workers, steps_completed, supervise
+from orchestrator.launch.processes import LocalJob, _describe, _die_with_parent
+from orchestrator.launch.status import read_metrics, steps_completed
+from orchestrator.launch.supervisor import Outcome, Workers, supervise
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class LocalResult:
-    returncode: int
-    failed_rank: int | None = None
-    failed_node: int | None = None
-    cause: str = ""
-    pids: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-    signalled: bool = False  # the failed rank was killed by a signal (a lost node), not an error exit
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL this rank when the launcher dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-class LocalJob:
-    def __init__(self, run_dir: Path, nodes: int, gpus_per_node: int, env: dict | None = None,
-                 echo: bool = True, worker: list[str] | None = None):
-        self.run_dir, self.nodes, self.gpn = Path(run_dir), nodes, gpus_per_node
-        self.world = nodes * gpus_per_node
-        self.env, self.echo = env or {}, echo
-        self.worker = worker or [sys.executable, "-m", "orchestrator.train.worker", str(self.run_dir)]
-        self.procs: list[subprocess.Popen] = []
-        self._threads: list[threading.Thread] = []
-        self._print_lock = threading.Lock()
-
-    def node_of(self, rank: int) -> int:
-        return rank // self.gpn
-
-    def start(self) -> None:
-        port = free_port()
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        for rank in range(self.world):
-            env = dict(os.environ)
-            env.update(RANK=str(rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank % self.gpn),
-                       LOCAL_WORLD_SIZE=str(self.gpn), GROUP_RANK=str(self.node_of(rank)),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                       PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                       PYTHONFAULTHANDLER="1")  # a crash in native code leaves every thread's Python stack in the log
-            env.update({k: str(v) for k, v in self.env.items()})
-            p = subprocess.Popen(self.worker, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True, text=True, bufsize=1, preexec_fn=_die_with_parent)
-            self.procs.append(p)
-            t = threading.Thread(target=self._pump, args=(rank, p), daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def _pump(self, rank: int, p: subprocess.Popen) -> None:
-        prefix = f"[node{self.node_of(rank)} rank{rank}] "
-        with open(self.run_dir / "logs" / f"rank{rank}.log", "a") as log:
-            for line in p.stdout:
-                log.write(line)
-                log.flush()
-                if self.echo and (rank == 0 or "Error" in line or "Traceback" in line):
-                    with self._print_lock:
-                        try:
-                            sys.stdout.write(prefix + line)
-                            sys.stdout.flush()
-                        except (BrokenPipeError, ValueError):  # the reader went away: keep logging
-                            self.echo = False
-
-    def kill(self, ranks=None, sig=signal.SIGKILL) -> None:
-        for rank, p in enumerate(self.procs):
-            if (ranks is None or rank in ranks) and p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-
-    def kill_node(self, node: int) -> None:
-        self.kill([r for r in range(self.world) if self.node_of(r) == node])
-
-    def wait(self, timeout: float | None = None, on_poll=None) -> LocalResult:
-        t0 = time.monotonic()
-        try:
-            while True:
-                codes = [p.poll() for p in self.procs]
-                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed:
-                    rank, code = min(failed, key=lambda rc: rc[0] if rc[1] < 0 else rc[0] + self.world)
-                    # a rank killed by a signal is the cause; the others died of it
-                    self.kill()
-                    self._reap()
-                    return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "
-                                       f"{_describe(code)}", [p.pid for p in self.procs], time.monotonic() - t0,
-                                       signalled=code < 0)
-                if all(c == 0 for c in codes):
-                    self._reap()
-                    return LocalResult(0, pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)
-                if timeout is not None and time.monotonic() - t0 > timeout:
-                    self.kill()
-                    self._reap()
-                    return LocalResult(124, cause=f"timed out after {timeout:.0f} s",
-                                       pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)
-                if on_poll is not None:
-                    on_poll(self)
-                time.sleep(0.05)
-        except BaseException:  # Ctrl-C or anything else: leave no orphan behind
-            self.kill()
-            self._reap()
-            raise
-
-    def _reap(self) -> None:
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for t in self._threads:
-            t.join(timeout=2)
+EXIT_LEFT = 5  # a copy the coordinator dismissed (orchestrator/train/trainer.py)
 
 
 class LocalWorkers(Workers):
     """The ranks of each attempt as processes here, one emulated node per `gpus_per_node`
-    ranks; fault injection (fault.*) kills an emulated node in the first attempt."""
+    ranks. With several copies of the model state it also runs the job's store and the
+    coordinator, keeps warm spare copies on cluster.spare_nodes, and lets a lost node's
+    copies drop out in place (launch/inplace.py decides). Fault injection (fault.*) kills an
+    emulated node in the first attempt, and can bring it back (fault.rejoin_at_step)."""
 
-    def __init__(self, spec, run_dir: Path, echo: bool = True):
-        self.spec, self.run_dir, self.echo = spec, Path(run_dir), echo
+    def __init__(self, spec, run_dir: Path, echo: bool = True, say=print):
+        self.spec, self.run_dir, self.echo, self.say_ = spec, Path(run_dir), echo, say
         self.job: LocalJob | None = None
         self.current: list = []
         self.attempt = 0
@@ -182,33 +43,169 @@ class LocalWorkers(Workers):
                            random.Random(f.seed).randint(1, max(spec.training.steps - 1, 1))
                            if f.mode == FaultMode.random else f.at_step)
         self.killed_at: float | None = None
+        self.rejoined = False
+        self.policy = self.coordinator = self.services = None
+        self.copy_of: dict[int, int] = {}  # process slot -> copy of the state
+        self.spares: set[int] = set()  # copies waiting warm
+        self.lost: list = []
+        self.next_copy = 0
 
+    # ---- what the in-place policy asks -----------------------------------------------------
+    def say(self, text: str) -> None:
+        self.say_(text, flush=True)
+
+    def waiting_spares(self) -> set[int]:
+        return set(self.spares)
+
+    def lost_nodes(self) -> list:
+        return list(self.lost)
+
+    def assign(self, copies: list[int], plan, plan_dir: Path) -> None:
+        """A generation was decided: the spares it took are spares no more."""
+        self.spares -= set(copies)
+
+    # ---- Workers -------------------------------------------------------------------------
     def nodes(self) -> list:
-        return list(range(self.spec.cluster.nodes))
+        return list(range(self.spec.cluster.nodes + self.spec.cluster.spare_nodes))
 
-    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict) -> None:
+    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
         if attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
             env.update(ORCH_FAULT_MODE="during_save", ORCH_FAULT_NODE=str(self.spec.fault.kill_node),
                        ORCH_FAULT_STEP=str(self.fault_step))
-        self.attempt, self.current, self.killed_at = attempt, list(nodes), None
-        self.job = LocalJob(plan_dir, nodes=len(nodes), gpus_per_node=self.spec.hardware.gpus_per_node, env=env,
-                            echo=self.echo)
+        self.attempt, self.killed_at, self.policy = attempt, None, policy
+        gpn = self.spec.hardware.gpus_per_node
+        active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
+        self.current = list(active)
+        if policy is not None:
+            env.update(self._serve(policy, plan_dir))
+        self.job = LocalJob(plan_dir, nodes=len(active), gpus_per_node=gpn, env=env, echo=self.echo)
         self.job.start()
+        self.job.nodes_of[:] = [active[r // gpn] for r in range(self.job.world)]  # physical nodes
+        if policy is not None:
+            from orchestrator.plan.topology import RankGrid
 
-    def _inject(self, job: LocalJob) -> None:
-        if (self.attempt == 0 and self.fault_step is not None and self.spec.fault.mode != FaultMode.during_save
+            d = policy.plan.layout
+            grid = RankGrid(policy.plan.grid().sizes, policy.plan.order)
+            self.copy_of = {r: grid.coords(r)["dp"] // d.dp_shard for r in range(self.job.world)}
+            self.next_copy = d.dp_replicate
+            spare_nodes = [n for n in nodes if n not in active]
+            self._spawn_copies(plan_dir, spare_nodes, now=False)
+
+    def _serve(self, policy, plan_dir: Path) -> dict:
+        """The job's store and the coordinator, for this attempt."""
+        from orchestrator.launch.control import JobServices
+
+        self._close_services()
+        self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir), policy.decide,
+                                    self.spec.failover.quorum_s, host="127.0.0.1")
+        self.coordinator = self.services.coordinator
+        return self.services.env
+
+    def _spawn_copies(self, plan_dir: Path, nodes: list, now: bool) -> list[int]:
+        """Whole copies on these nodes, waiting to join (warm spares, or a node back with now=True)."""
+        from orchestrator.launch.inplace import copy_size
+
+        gpn, size = self.spec.hardware.gpus_per_node, copy_size(self.policy.plan)
+        slots = [(n, g) for n in nodes for g in range(gpn)]
+        made = []
+        for k in range(len(slots) // size):
+            copy = self.next_copy
+            self.next_copy += 1
+            for local in range(size):
+                node, _ = slots[k * size + local]
+                self.job.spawn(local, node, {"RANK": local, "WORLD_SIZE": self.job.world, "ORCH_JOIN_COPY": copy,
+                                             "ORCH_JOIN_NOW": "1" if now else "0"}, f"copy{copy}_rank{local}")
+                self.copy_of[len(self.job.procs) - 1] = copy
+            made.append(copy)
+            if not now:
+                self.spares.add(copy)
+        return made
+
+    def _inject(self) -> None:
+        f = self.spec.fault
+        if (self.attempt == 0 and self.fault_step is not None and f.mode != FaultMode.during_save
                 and self.killed_at is None and steps_completed(self.run_dir, (0,)) >= self.fault_step):
-            node = self.spec.fault.kill_node
-            print(f"fault injection: killing every process of node {node} after step {self.fault_step}", flush=True)
+            print(f"fault injection: killing every process of node {f.kill_node} after step {self.fault_step}",
+                  flush=True)
             self.killed_at = time.monotonic()
-            job.kill_node(self.current.index(node))
+            self.job.kill_node(f.kill_node)
+        if (f.rejoin_at_step is not None and self.killed_at and not self.rejoined and self.policy is not None
+                and max((m["step"] + 1 for m in read_metrics(self.run_dir)), default=0) >= f.rejoin_at_step):
+            self.rejoined = True
+            self.say(f"fault injection: node {f.kill_node} is back and joins as a new copy")
+            self._spawn_copies(Path(self.coordinator.current.plan_dir), [f.kill_node], now=True)
 
     def wait(self) -> Outcome:
-        res = self.job.wait(on_poll=self._inject)
+        if self.policy is None:
+            return self._wait_restart_only()
+        done: dict[int, int] = {}
+        dropped: set[int] = set()  # copies dismissed: their exits are expected
+        while True:
+            self._inject()
+            self.policy.poll()
+            for slot, p in enumerate(self.job.procs):
+                code = p.poll()
+                if code is None or slot in done:
+                    continue
+                done[slot] = code
+                copy = self.copy_of.get(slot)
+                if code in (0, EXIT_LEFT) or copy in dropped:
+                    continue
+                node = self.job.node_of(slot)
+                if code > 0:  # the program failed, not a node
+                    self.stop()
+                    return Outcome(False, [], f"{self.job.procs and f'copy {copy} rank'} slot {slot} on node {node} "
+                                   f"{_describe(code)}; logs in {self.job.run_dir / 'logs'}")
+                outcome = self._node_lost(node, slot, code, dropped)
+                if outcome is not None:
+                    return outcome
+            members = set(self.coordinator.current.copies)
+            waiting = {s for s in range(len(self.job.procs)) if self.copy_of.get(s) not in members} - set(done)
+            if waiting and set(done) | waiting == set(range(len(self.job.procs))):
+                self.job.kill(waiting)  # the run ended: copies still waiting to join are not needed
+                dropped |= {self.copy_of[s] for s in waiting}
+                continue
+            if len(done) == len(self.job.procs):
+                left = [s for s, c in done.items() if c == EXIT_LEFT and self.copy_of.get(s) not in dropped]
+                if not left and all(c == 0 or self.copy_of.get(s) in dropped for s, c in done.items()):
+                    return Outcome(True)
+                return Outcome(False, list(self.lost), "the survivors could not go on in place (failover.json)",
+                               self._detected())
+            time.sleep(0.05)
+
+    def _node_lost(self, node, slot: int, code: int, dropped: set[int]):
+        """A rank killed: its node is lost. Its copies drop out; the rest go on in place, or
+        (when the policy cannot) every rank stops and the loop restarts."""
+        from orchestrator.launch.inplace import why_not_in_place
+
+        if node not in self.lost:
+            self.lost.append(node)
+        copies = {self.copy_of[s] for s in range(len(self.job.procs)) if self.job.node_of(s) == node}
+        dropped |= copies
+        self.spares -= copies
+        self.job.kill([s for s in range(len(self.job.procs)) if self.copy_of.get(s) in copies])
+        active = set(self.coordinator.current.copies)
+        alive = len(active - dropped)
+        why = why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(alive)
+        cause = f"node {node} lost ({_describe(code)}, slot {slot})"
+        if why:
+            self.say(f"FAILURE: {cause}; cannot go on in place: {why}")
+            self.stop()
+            return Outcome(False, list(self.lost), cause, self._detected())
+        self.policy.detected = time.time()
+        self.say(f"FAILURE: {cause}; copies {sorted(copies & active)} lost, the others go on in place")
+        self.coordinator.lost(sorted(copies & active))
+        return None
+
+    def _detected(self) -> float | None:
+        return time.monotonic() - self.killed_at if self.killed_at else None
+
+    def _wait_restart_only(self) -> Outcome:
+        res = self.job.wait(on_poll=lambda job: self._inject())
         if res.ok:
             return Outcome(True)
-        detected = time.monotonic() - self.killed_at if self.killed_at else None
+        detected = self._detected()
         if res.failed_node is None or not res.signalled:
             return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
         return Outcome(False, [self.current[res.failed_node]], res.cause, detected)
@@ -217,6 +214,12 @@ class LocalWorkers(Workers):
         if self.job is not None:
             self.job.kill()
             self.job._reap()
+        self._close_services()
+
+    def _close_services(self) -> None:
+        if self.services is not None:
+            self.services.close()
+            self.services = None
 
 
 class LocalLauncher(Launcher):

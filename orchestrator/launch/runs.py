@@ -71,7 +71,7 @@ def summary(run_dir: Path) -> dict:
     """One row of `orchestrate-runs list`: state, layout, progress, loss, predicted vs measured step."""
     import statistics
 
-    from orchestrator.launch.supervisor import read_metrics
+    from orchestrator.launch.status import read_metrics
 
     run_dir = Path(run_dir)
     pj = plan_json(run_dir)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from orchestrator.launch import sbatch
-from orchestrator.launch.status import read_status, write_status
+from orchestrator.launch.status import read_status, steps_completed, write_status
 from orchestrator.launch.supervisor import EXIT_STOPPED, Outcome, Workers, supervise
 
 DOWN_STATES = ("down", "not_responding", "fail", "drain", "*")
@@ -49,50 +49,99 @@ def dead_nodes(nodes: list[str]) -> list[str]:
 
 
 class SrunWorkers(Workers):
-    """One srun step per attempt; a node that goes down ends the step and is reported lost."""
+    """One srun step per attempt; a node that goes down ends the step and is reported lost,
+    unless the model state has several copies: then the copies it held drop out and the
+    others go on in the same step (the coordinator and the job's store run here)."""
 
     def __init__(self, spec, run_dir: Path, nodes: list[str]):
         self.spec, self.run_dir, self.all = spec, Path(run_dir), list(nodes)
         self.proc: subprocess.Popen | None = None
         self.current: list[str] = []
         self.stop_requested = False
+        self.policy = self.services = None
+        self.lost: list[str] = []
+
+    # what the in-place policy asks
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def waiting_spares(self) -> set[int]:
+        return set()
+
+    def lost_nodes(self) -> list:
+        return list(self.lost)
+
+    def assign(self, copies, plan, plan_dir) -> None:
+        pass
 
     def nodes(self) -> list:
         return list(self.all)
 
-    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict) -> None:
+    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
+        import socket
+
         lc, gpn = self.spec.launcher, self.spec.hardware.gpus_per_node
-        self.current = list(nodes)
+        need = json.loads((plan_dir / "plan.json").read_text())["nodes"]
+        self.current, self.policy = list(nodes[:need]), policy
         (plan_dir / "logs").mkdir(parents=True, exist_ok=True)
-        cmd = sbatch.srun_command(lc, plan_dir, nodes, gpn, sys.executable)
+        if policy is not None:
+            from orchestrator.launch.control import JobServices
+
+            self._close()
+            self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
+                                        policy.decide, self.spec.failover.quorum_s, host=socket.gethostname())
+            env = {**env, **self.services.env}
+        cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable)
         cmd.insert(1, f"--output={plan_dir / 'logs' / 'rank%t.log'}")
         job = os.environ.get("SLURM_JOB_ID", "0")
-        env = dict(os.environ, **env, MASTER_ADDR=nodes[0], OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+        env = dict(os.environ, **env, MASTER_ADDR=self.current[0], OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    MASTER_PORT=str(15000 + (int(job) * 7 + attempt) % 20000), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         print(f"attempt {attempt}: {' '.join(cmd)}", flush=True)
 
+    def _copies_on(self, node: str) -> list[int]:
+        """The copies of the state with a rank on `node` (ranks are laid out node by node)."""
+        from orchestrator.plan.topology import RankGrid
+
+        plan, gpn = self.policy.plan, self.spec.hardware.gpus_per_node
+        grid, k = RankGrid(plan.grid().sizes, plan.order), self.current.index(node)
+        return sorted({grid.coords(r)["dp"] // plan.layout.dp_shard for r in range(k * gpn, (k + 1) * gpn)})
+
     def wait(self) -> Outcome:
+        from orchestrator.launch.inplace import why_not_in_place
+
         lc = self.spec.launcher
         while True:
             code = self.proc.poll()
-            lost = dead_nodes(self.current)
-            if lost:  # end the step: its survivors would wait on the dead ranks
-                self.stop()
-                return Outcome(False, lost, f"node(s) {lost} went down (SLURM)")
+            for node in dead_nodes(self.current):
+                if node in self.lost:
+                    continue
+                self.lost.append(node)
+                why = why_not_in_place(self.policy.plan) if self.policy is not None else "one copy of the state"
+                if why:  # end the step: its survivors would wait on the dead ranks
+                    self.stop()
+                    return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); not in place: {why}")
+                self.policy.detected = self.policy.detected or time.time()
+                self.services.coordinator.lost(self._copies_on(node))
+            if self.policy is not None:
+                self.policy.poll()
             if code is not None:
                 break
             time.sleep(lc.poll_s)
-        if code == 0:
+        done = steps_completed(self.run_dir, range(10**6)) >= self.spec.training.steps
+        if code == 0 or (self.policy is not None and done):
+            self._close()
             return Outcome(True)
         if code == EXIT_STOPPED or self.stop_requested:
+            self._close()
             return Outcome(False, [], "stopped on request (preemption or time limit)", stopped=True)
         deadline = time.monotonic() + lc.node_fail_wait_s  # a rank dies of its peer before SLURM marks the node
-        while time.monotonic() < deadline:
-            lost = dead_nodes(self.current)
-            if lost:
-                return Outcome(False, lost, f"node(s) {lost} went down (SLURM); the step exited with {code}")
+        while time.monotonic() < deadline and not self.lost:
+            self.lost += dead_nodes(self.current)
             time.sleep(1.0)
+        self._close()
+        if self.lost:
+            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
 
@@ -104,6 +153,12 @@ class SrunWorkers(Workers):
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        if self.services is not None:
+            self.services.close()
+            self.services = None
 
 
 class Supervisor:

@@ -22,3 +22,24 @@ def write_status(run_dir: Path, **fields) -> dict:
     tmp.write_text(json.dumps(status, indent=1, default=str) + "\n")
     tmp.replace(run_dir / "status.json")
     return status
+
+
+def steps_completed(run_dir: Path, attempts) -> int:
+    """Steps the given attempts completed (from rank 0's metrics.jsonl); 0 if none."""
+    done = 0
+    for rec in read_metrics(run_dir):
+        if rec.get("attempt") in attempts:
+            done = max(done, rec["step"] + 1)
+    return done
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line being written
+                continue
+    return out

@@ -8,7 +8,6 @@ event in failover.json and TensorBoard, and status.json says where the run stand
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -16,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.plan import events
-from orchestrator.launch.status import write_status
+from orchestrator.launch.inplace import InPlace, why_not_in_place
+from orchestrator.launch.status import steps_completed, write_status
 from orchestrator.plan import checkpoints as ckpt
 from orchestrator.plan.artifacts import write_plan
 from orchestrator.plan.replan import replan_on_survivors
@@ -39,7 +39,10 @@ class Workers(ABC):
         """The allocation's nodes, in rank order."""
 
     @abstractmethod
-    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict) -> None: ...
+    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
+        """Start the attempt's ranks on the first nodes the plan needs (the rest wait as spares).
+        With a `policy` (several copies of the state) also run the job's store and coordinator,
+        and let lost copies drop out in place as the policy decides."""
 
     @abstractmethod
     def wait(self) -> Outcome:
@@ -47,27 +50,6 @@ class Workers(ABC):
 
     @abstractmethod
     def stop(self) -> None: ...
-
-
-def steps_completed(run_dir: Path, attempts) -> int:
-    """Steps the given attempts completed (from rank 0's metrics.jsonl); 0 if none."""
-    done = 0
-    for rec in read_metrics(run_dir):
-        if rec.get("attempt") in attempts:
-            done = max(done, rec["step"] + 1)
-    return done
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line being written
-                continue
-    return out
 
 
 def layout_of(plan, nodes: int) -> dict:
@@ -85,7 +67,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
     run_dir = Path(run_dir)
     spec, fo = plan.spec, plan.spec.failover
     url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
-    alive = workers.nodes()[: spec.cluster.nodes]
+    alive = workers.nodes()  # the plan's nodes first, then any spares
     attempt, failovers = first_attempt, len([e for e in events.read_events(run_dir) if e.get("mode") == "restart"])
     while True:
         plan_dir = run_dir if attempt == 0 else run_dir / f"attempt{attempt}"
@@ -94,8 +76,12 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
         write_status(run_dir, state="running", attempt=attempt, next_attempt=attempt + 1, layout=plan.layout.label(),
                      nodes=alive, plan_dir=str(plan_dir))
         t_start = time.monotonic()
-        workers.start(attempt, plan_dir, alive, {"ORCH_RUN_DIR": str(run_dir), "ORCH_ATTEMPT": str(attempt)})
+        policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 else None
+        workers.start(attempt, plan_dir, alive, {"ORCH_RUN_DIR": str(run_dir), "ORCH_ATTEMPT": str(attempt)}, policy)
         outcome = workers.wait()
+        if policy is not None:  # generations decided in place moved the plan on
+            plan, attempt = policy.plan, policy.attempt
+            write_status(run_dir, next_attempt=attempt + 1)
         if outcome.ok:
             write_status(run_dir, state="completed", message=f"finished after {failovers} failover(s)")
             return 0
@@ -126,15 +112,16 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             return 1
         failovers += 1
         done = steps_completed(run_dir, range(attempt + 1))
+        why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
         resume_from = ckpt.latest_complete(url) or 0
         event = events.record(run_dir, {
             "mode": "restart", "attempt": attempt, "node": outcome.lost[0], "nodes_lost": outcome.lost,
             "cause": outcome.cause, "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
             "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
             "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
-            "nodes_in_service": survivors[: rp.nodes],
+            "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why,
             "seconds": {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start}})
-        say(f"FAILOVER {failovers}: node(s) {outcome.lost} lost after step {done}; re-planned on {rp.nodes} "
+        say(f"FAILOVER {failovers} (restart, {why}): node(s) {outcome.lost} lost after step {done}; re-planned on {rp.nodes} "
             f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
             f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
         alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1

@@ -32,6 +32,20 @@ def record(run_dir: Path, event: dict) -> dict:
     return event
 
 
+def amend(run_dir: Path, when: float, fields: dict) -> None:
+    """Add fields to the event recorded at `when` (a recovery time measured later)."""
+    run_dir = Path(run_dir)
+    with open(run_dir / ".failover.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        events = read_events(run_dir)
+        for e in events:
+            if e.get("time") == when:
+                e.update(fields)
+        tmp = run_dir / "failover.json.tmp"
+        tmp.write_text(json.dumps(events, indent=1, default=str) + "\n")
+        tmp.replace(run_dir / "failover.json")
+
+
 def _tensorboard(logdir: Path, event: dict, n: int) -> None:
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata

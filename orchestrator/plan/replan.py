@@ -56,10 +56,12 @@ def replan_on_survivors(plan, alive_nodes: int) -> Replan:
             else:
                 tried.append(f"{n} nodes: global_batch {B} does not split over dp {dp} (batch_policy=keep)")
                 continue
+        # one copy of the state stays one copy; copies keep their size where it still divides dp
+        shard = None if old.dp_shard == old.dp or dp % old.dp_shard else old.dp_shard
         new = dataclasses.replace(
             spec, cluster=dataclasses.replace(spec.cluster, nodes=n),
             layout=dataclasses.replace(spec.layout, dp=dp, search=False, tp=old.tp, cp=old.cp, pp=old.pp,
-                                       vp=old.vp, ep=old.ep, etp=old.etp),
+                                       vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=shard),
             training=dataclasses.replace(spec.training, micro_batch=new_b, global_batch=new_B))
         new_plan = plan_spec(new)
         if not new_plan.valid:

@@ -44,7 +44,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "layout.zero": (0, 3), "layout.dp_shard": (1, MAX_WORLD), "schedule.microbatches": (1, BIG),
     "search.top": (1, 1000), "cluster.spare_nodes": (0, 1 << 18), "stack.zero": (0, 3), "stack.grad_bytes": (0, 16),
     "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
-    "fabric.nvlink_domain": (1, 1 << 16),
+    "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600),
 }
 
 

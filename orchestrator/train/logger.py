@@ -1,24 +1,28 @@
-"""Console line per log interval and TensorBoard scalars, on rank 0 only."""
+"""Console line per log interval and TensorBoard scalars, from the job's leading rank (the
+first rank of the current generation: after an in-place failover that may change)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 
 class Logger:
-    def __init__(self, run_dir: Path, plan: dict, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, run_dir: Path, plan: dict):
+        self.run_dir, self.plan = run_dir, plan
         self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
-            md = run_dir / "plan.md"
-            if md.exists():
-                self.writer.add_text("plan", md.read_text().replace("\n", "  \n"), 0)
+    def _open(self):
+        from torch.utils.tensorboard import SummaryWriter
 
-    def step(self, step: int, steps: int, values: dict, line: bool) -> None:
-        if not self.enabled:
+        self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+        md = self.run_dir / "plan.md"
+        if md.exists():
+            self.writer.add_text("plan", md.read_text().replace("\n", "  \n"), 0)
+
+    def step(self, step: int, steps: int, values: dict, line: bool, enabled: bool) -> None:
+        if not enabled:
             return
+        if self.writer is None:
+            self._open()
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
         if line:

@@ -141,9 +141,9 @@ def build_schedule(plan: dict, parts, mesh, device: torch.device, loss_fn):
     return cls(first, n_microbatches=lay["microbatches"], loss_fn=loss_fn), stages
 
 
-def sync_replicas(parts, group, copies: int) -> None:
+def sync_replicas(parts, reduce, copies: int) -> None:
     """Average every gradient (this rank's shard) across the copies of the model state, in one
-    all-reduce: gloo has no AVG, so SUM and divide."""
+    all-reduce (`reduce(flat)` sums in place): gloo has no AVG, so SUM and divide."""
     grads = []
     for _, part in parts:
         for p in part.parameters():
@@ -152,7 +152,7 @@ def sync_replicas(parts, group, copies: int) -> None:
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    torch.distributed.all_reduce(flat, group=group)
+    reduce(flat)
     flat /= copies
     offset = 0
     for g in grads:

@@ -32,12 +32,15 @@ from orchestrator.plan.metrics import measured_mfu
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train.data import TokenSource
 from orchestrator.train.logger import Logger
-from orchestrator.train.mesh import grid_from_json, meshes_from_plan
+from orchestrator.train import world
 from orchestrator.train.model import cp_shard
 from orchestrator.train.parallel import build_model_parts, build_schedule, sync_replicas
+from orchestrator.train.replicas import Replicas
+from orchestrator.train.world import world_rank
 
 
 EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops and says so
+EXIT_LEFT = 5  # this copy is not part of the next generation (the coordinator said so)
 
 
 def loss_fn(logits, labels):
@@ -60,7 +63,8 @@ class Trainer:
         self.attempt = int(os.environ.get("ORCH_ATTEMPT", "0"))
         self.should_stop = should_stop
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if self.world != self.plan["world_size"]:
+        self.joining = "ORCH_JOIN_COPY" in os.environ  # a warm spare, or a node coming back
+        if self.world != self.plan["world_size"] and not self.joining:
             raise SystemExit(f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan['world_size']} "
                              f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
         self.url = store.url_for(self.spec.training.checkpoint.dir, self.run_dir)
@@ -68,7 +72,7 @@ class Trainer:
 
     # ---- phases ---------------------------------------------------------------------------
     def setup(self) -> None:
-        """Device, process group, the plan's meshes and this rank's coordinates."""
+        """Device, the torch world (the job's, or this copy's), meshes and coordinates."""
         hw = self.spec.hardware
         if hw.device == Device.cuda:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -76,10 +80,18 @@ class Trainer:
         else:
             self.device = torch.device("cpu")
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        if not dist.is_initialized():
-            dist.init_process_group(hw.backend.value)
-        self.meshes = meshes_from_plan(self.plan, self.device.type)
-        self.coords = grid_from_json(self.plan).coords(self.rank)
+        job_store = world.env_store() if world.copies_of(self.plan) > 1 or self.joining else None
+        if self.joining:
+            self.place = world.spare_place(self.plan, int(os.environ["ORCH_JOIN_COPY"]), self.rank)
+        else:
+            self.place = world.place_of(self.plan, self.rank)
+        self.meshes = world.init(self.plan, hw.backend.value, self.device.type, self.place, job_store)
+        self.coords = self.place.coords
+        self.replicas = None
+        if job_store is not None:
+            first = [self.place.copy] if self.joining else list(range(self.lay["dp_replicate"]))
+            self.replicas = Replicas(job_store, os.environ.get("ORCH_CONTROL"), self.place.copy, self.place.local,
+                                     dist.get_world_size(), self.spec.failover.timeout_s, first)
 
     def build(self) -> None:
         """Model chunks, one optimizer per chunk (torchtitan's way: each chunk's state dict then
@@ -94,17 +106,24 @@ class Trainer:
                                        mp, recompute=tr.recompute.value)
         self.opts = [torch.optim.AdamW(part.parameters(), lr=tr.lr, betas=(0.9, 0.95), eps=tr.adam_eps,
                                        weight_decay=0.0) for _, part in self.parts]
+        ids = [i for i, _ in self.parts]
+        self.has_first, self.has_last = 0 in ids, self.lay["num_stages"] - 1 in ids
+        self.data = TokenSource(self.spec.model.vocab, tr.seq_len, tr.seed, tr.data)
+        # The first rank of each data-parallel replica records what it read.
+        self.records = self.coords["tp"] == 0 and self.coords["cp"] == 0 and self.has_first
+        self._layout_shaped()
+
+    def _layout_shaped(self) -> None:
+        """What follows from the current plan: schedule (its micro-batch count), data rank."""
         self.schedule = None
         if self.lay["pp"] > 1:
             self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device, loss_fn)
-        ids = [i for i, _ in self.parts]
-        self.has_first, self.has_last = 0 in ids, self.lay["num_stages"] - 1 in ids
-        self.copies = self.lay["dp_replicate"]
-        self.replica_group = self.meshes["dense"]["dpr"].get_group() if self.copies > 1 else None
-        self.data = TokenSource(self.spec.model.vocab, tr.seq_len, tr.seed, tr.data)
-        self.dp_rank = self.coords[self.plan["mesh"]["data"]]
-        # The first rank of each data-parallel replica records what it read.
-        self.records = self.coords["tp"] == 0 and self.coords["cp"] == 0 and self.has_first
+        if self.replicas is None:
+            self.dp_rank = self.coords[self.plan["mesh"]["data"]]
+        else:
+            self.dp_rank = self.replicas.index * self.lay["dp_shard"] + self.coords["dps"]
+            self.rank = world_rank(self.plan, self.replicas.index, self.coords)
+        self.leader = self.rank == 0  # writes metrics.jsonl and TensorBoard
 
     def resume(self) -> int:
         """Load the newest intact checkpoint (resharded into this layout); the step to start at.
@@ -115,7 +134,7 @@ class Trainer:
         t0 = time.perf_counter()
         latest = ckpt.load_intact(self.url, self.parts, self.opts, on_damaged=self._damaged)
         if latest is None:
-            if self.rank == 0:
+            if self.rank == 0:  # noqa: SIM102 (the first rank of the job says it once)
                 print(f"NO INTACT CHECKPOINT in {self.url}: every complete save is damaged (see the DAMAGED file "
                       f"in each). Restore them, or point training.checkpoint.dir elsewhere to start over.",
                       flush=True)
@@ -137,8 +156,21 @@ class Trainer:
         events.record(self.run_dir, {"mode": "checkpoint_damaged", "step": step, "problems": problems,
                                      "attempt": self.attempt})
 
-    def train_step(self, step: int) -> float:
-        """One optimizer step over this rank's share of the global batch; the mean loss."""
+    def train_step(self, step: int) -> float | None:
+        """One optimizer step over this rank's share of the global batch; the mean loss, or None
+        when the copies re-formed instead (the step is then redone by the new generation)."""
+        local = self._forward_backward(step)
+        if self.replicas is not None:
+            return self._commit_across_copies(step, local)
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
+        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
+        dist.all_reduce(agg)
+        return (agg[0] / agg[1]).item()
+
+    def _forward_backward(self, step: int) -> float | None:
         tr, cp = self.spec.training, self.lay["cp"]
         idx = self.data.indices(step, tr.global_batch, self.lay["dp"], self.dp_rank)
         tokens = self.data.batch(idx).to(self.device)
@@ -164,22 +196,82 @@ class Trainer:
                     loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b]) / m
                     loss.backward()
                     local += _scalar(loss)
-        if self.replica_group is not None:
-            sync_replicas(self.parts, self.replica_group, self.copies)
+        return local
+
+    def _commit_across_copies(self, step: int, local: float | None) -> float | None:
+        """Average the gradients across the copies, then step only if every copy can: the
+        coordinator grants the commit once all asked, so no copy is ever a step ahead."""
+        rep = self.replicas
+        stop = 1.0 if self.should_stop is not None and self.should_stop() else 0.0
+        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0, stop], dtype=torch.float64)
+        ok = True
+        try:
+            sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
+            rep.all_reduce(rep.live, agg)
+        except RuntimeError:  # a copy is gone: drop the groups now, so every peer learns it fast
+            ok = False
+            rep.drop()
+        answer = rep.ask({"op": "commit" if rep.agree(ok) else "failed", "step": step})
+        if answer["op"] == "commit":
+            for opt in self.opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            self._stop_flag = agg[2].item() > 0
+            return (agg[0] / agg[1]).item()
         for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        self.reform(answer)
+        return None
+
+    def reform(self, answer: dict) -> None:
+        """Go on in the next generation: its plan (data split, micro-batches), its groups, and
+        for copies new to it, the model and optimizer state of a healthy copy."""
+        if answer["op"] != "reform":
+            print(f"copy {self.place.copy} leaves the run: {answer.get('reason', '')}", flush=True)
+            raise SystemExit(EXIT_LEFT)
+        self.plan_dir = Path(answer["plan_dir"])
+        self.plan = json.loads((self.plan_dir / "plan.json").read_text())
+        self.lay = self.plan["layout"]
+        self.attempt = int(self.plan_dir.name.removeprefix("attempt")) if self.plan_dir != self.run_dir else 0
+        self.replicas.build(answer["gen"], answer["copies"])
+        self._layout_shaped()
+        new = answer.get("new", [])
+        if new:
+            if self.place.copy in new:
+                self._init_optimizer_state()
+            source = next(i for i, c in enumerate(answer["copies"]) if c not in new)
+            self.replicas.broadcast_state(self._state_tensors(), source)
+        if self.leader:
+            print(f"generation {answer['gen']}: copies {answer['copies']} ({self.lay['label']}), going on at step "
+                  f"{answer['step']}" + (f"; copies {new} received the state of copy "
+                                         f"{answer['copies'][source]}" if new else ""), flush=True)
+
+    def _init_optimizer_state(self) -> None:
+        """A newcomer's optimizer state, shaped like everyone's (its values arrive next)."""
+        for (_, part), opt in zip(self.parts, self.opts):
+            for p in part.parameters():
+                p.grad = torch.zeros_like(p)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
-        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
-        dist.all_reduce(agg)
-        return (agg[0] / agg[1]).item()
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """This rank's parameters and optimizer state, in the same order on every copy."""
+        out = []
+        for (_, part), opt in zip(self.parts, self.opts):
+            for p in part.parameters():
+                out.append(p.data.to_local() if isinstance(p.data, DTensor) else p.data)
+                for key in sorted(opt.state.get(p, {})):
+                    t = opt.state[p][key]
+                    if isinstance(t, torch.Tensor):
+                        out.append(t.to_local() if isinstance(t, DTensor) else t)
+        return out
 
     def save(self, step: int, pending, fault=None):
         """A checkpoint after `step` (asynchronous when configured); the save still in flight."""
         c = self.spec.training.checkpoint
         if pending is not None:
             pending.finish()
-        pending = ckpt.save(self.url, step, self.parts, self.opts, self._meta(step), self.rank, keep=c.keep,
+        pending = ckpt.save(self.url, step, self.parts, self.opts, self._meta(step), dist.get_rank(), keep=c.keep,
                             fault_hook=fault, asynchronous=c.async_save, group=self._ckpt_group)
         return pending if c.async_save else None
 
@@ -188,41 +280,57 @@ class Trainer:
         self.setup()
         self.build()
         (self.run_dir / "samples").mkdir(exist_ok=True)
-        start = self.resume()
         tr = self.spec.training
+        if self.joining:  # wait, warm, to be admitted; then take a healthy copy's state
+            start = self._join()
+        else:
+            start = self.resume()
+            if self.replicas is not None:
+                self.replicas.build(0, self.replicas.copies)
         every = tr.checkpoint.every
         self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
         fault = _fault_hook(self.rank, self.spec.hardware.gpus_per_node)
-        log = Logger(self.run_dir, self.plan, self.rank == 0)
-        pending = None
-        for step in range(start, tr.steps):
+        log = Logger(self.run_dir, self.plan)
+        pending, step = None, start
+        while step < tr.steps:
             t0 = time.perf_counter()
             loss = self.train_step(step)
+            if loss is None:
+                continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
             self._record(log, step, loss, dt)
-            if every and ((step + 1) % every == 0 or step + 1 == tr.steps):
+            saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
+            if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
                 pending = self.save(step + 1, pending, fault if fault and step + 1 == fault.step else None)
             if self._stop_requested(step):
                 if pending is not None:
                     pending.finish()
                     pending = None
-                if store.latest_complete(self.url) != step + 1:
+                if saver and store.latest_complete(self.url) != step + 1:
                     self.save(step + 1, None)
-                if self.rank == 0:
+                if self.leader:
                     print(f"stopping after step {step + 1} on request (preemption or time limit); checkpoint "
                           f"saved", flush=True)
                 self.history["stopped"] = True
                 break
+            step += 1
         if pending is not None:
             pending.finish()
         log.close()
         self._finish(start)
         return self.history
 
+    def _join(self) -> int:
+        answer = self.replicas.ask({"op": "join", "now": os.environ.get("ORCH_JOIN_NOW") == "1"})
+        self.reform(answer)
+        return answer["step"]
+
     # ---- helpers --------------------------------------------------------------------------
     def _stop_requested(self, step: int) -> bool:
         if self.should_stop is None or step + 1 >= self.spec.training.steps:
             return False
+        if self.replicas is not None:  # agreed across copies in the step's own all-reduce
+            return self._stop_flag
         flag = torch.tensor([1.0 if self.should_stop() else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() > 0
@@ -232,8 +340,8 @@ class Trainer:
         rss_local = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
         if self.device.type == "cuda":
             rss_local[0] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        rss = [torch.zeros_like(rss_local) for _ in range(self.world)]
-        dist.all_gather(rss, rss_local)
+        rss = [torch.zeros_like(rss_local) for _ in range(dist.get_world_size())]
+        dist.all_gather(rss, rss_local)  # this world: the job's, or with copies of the state, this copy's
         self.history["loss"].append(loss)
         self.history["step_time_s"].append(dt)
         mfu = measured_mfu(plan, dt)
@@ -245,8 +353,8 @@ class Trainer:
             "memory/max_rss_mb": max(float(x) for x in rss),
             # per rank (peak host RSS on CPU, peak allocated device memory on GPU), the first 64 ranks
             **{f"memory/rank{r}_mb": float(x) for r, x in enumerate(rss[:64])},
-        }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps)
-        if self.rank == 0:
+        }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps, enabled=self.leader)
+        if self.leader:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
                                     "dp": self.lay["dp"], "time": time.time()}) + "\n")
@@ -262,7 +370,7 @@ class Trainer:
                 "plan": self.plan}
 
     def _finish(self, start: int) -> None:
-        if self.rank == 0:
+        if self.leader:
             (self.run_dir / "metrics.json").write_text(json.dumps({
                 "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
                 "attempt": self.attempt,

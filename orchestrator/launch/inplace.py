@@ -1,0 +1,153 @@
+"""Failover in place: the decisions, for every launcher (the loop is supervisor.py's).
+
+With several copies of the model state (layout.dp_shard < dp) a lost node takes down the
+copies it held, and only those: the surviving copies keep their processes, parameters
+and optimizer state, the coordinator (control.py) stops them at the step boundary, and
+this policy decides the next generation:
+
+- spare: a warm spare copy takes the lost copy's place; it receives the state from a
+  healthy copy over the network, and DP stays as it was;
+- in_place: no spare; the survivors go on with fewer copies and take the lost copies'
+  micro-batches, so the global batch stays whole;
+- rejoin: a node that came back joins at a step boundary as a new copy; DP grows again.
+
+Each decision is a new plan (RUN_DIR/attemptN/plan.json, the runtime reads it) and an
+event in failover.json (mode, steps lost, recovery time, old and new layout, samples
+reassigned). What cannot go on in place (one copy left below failover.min_dp, a global
+batch the survivors cannot split, experts spanning copies) is refused, and the loop
+falls back to re-plan and restart, saying why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.launch.control import Decision
+from orchestrator.launch.status import read_metrics
+from orchestrator.plan import events
+from orchestrator.plan.artifacts import write_plan
+
+
+def copy_size(plan) -> int:
+    d = plan.layout
+    return d.tp * d.cp * d.pp * d.dp_shard
+
+
+def why_not_in_place(plan) -> str | None:
+    """Why this plan cannot lose a copy in place (None: it can)."""
+    d, fo = plan.layout, plan.spec.failover
+    if not fo.enabled or not fo.in_place:
+        return "failover.in_place is off"
+    if d.dp_replicate < 2:
+        return (f"the model state has one copy (layout.dp_shard={d.dp_shard} = dp): losing a rank loses part of it; "
+                f"set layout.dp_shard to a divisor of {d.dp} below it to keep whole copies")
+    if d.ep > 1:
+        return "expert-parallel groups span the copies of the state"
+    return None
+
+
+class InPlace:
+    """Decides each generation from the survivors and the waiting copies (coordinator thread)."""
+
+    def __init__(self, plan, run_dir: Path, attempt: int, workers):
+        self.plan, self.run_dir, self.attempt, self.workers = plan, Path(run_dir), attempt, workers
+        self.initial_copies = plan.layout.dp_replicate
+        self.lock = threading.Lock()
+        self.detected: float | None = None  # wall time the supervisor saw the failure
+        self.pending: dict | None = None  # the event waiting for its recovery time
+
+    def copies_alive_for(self, alive: int) -> str | None:
+        """Can `alive` copies (with the spares waiting) go on? None if yes, else why not."""
+        if alive + len(self.workers.waiting_spares()) < max(self.plan.spec.failover.min_dp, 1):
+            return f"{alive} copy(ies) left, below failover.min_dp={self.plan.spec.failover.min_dp}"
+        return None
+
+    def decide(self, alive: list[int], dead: list[int], joiners: list[int], step: int) -> Decision:
+        with self.lock:
+            spares = [c for c in joiners if c in self.workers.waiting_spares()]
+            rejoins = [c for c in joiners if c not in spares]
+            copies = list(alive) + spares[: len(dead)] + rejoins
+            copies = copies[: max(self.initial_copies, len(alive))]
+            mode = "spare" if dead and spares else "in_place" if dead else "rejoin"
+            new = [c for c in copies if c not in alive]
+            if not copies:
+                return Decision(False, reason="no copy of the model state is left")
+            plan, why = self._replan(len(copies))
+            if plan is None:
+                self._stop_event(alive, dead, step, why)
+                return Decision(False, reason=why)
+            self.attempt += 1
+            plan_dir = self.run_dir / f"attempt{self.attempt}"
+            write_plan(plan, plan_dir, figures=False)
+            old = self.plan
+            self.plan = plan
+            self.workers.assign(copies, plan, plan_dir)
+            lost_share = old.spec.training.global_batch // old.layout.dp * old.layout.dp_shard * len(dead)
+            self.pending = events.record(self.run_dir, {
+                "mode": mode, "attempt": self.attempt, "step": step, "copies_lost": dead, "copies_new": new,
+                "nodes_lost": self.workers.lost_nodes(), "old_layout": _layout(old), "new_layout": _layout(plan),
+                "failed_during_step": step, "steps_lost": 0, "steps_redone": 1 if dead else 0,
+                "samples_reassigned_per_step": lost_share if mode == "in_place" else 0,
+                "detected_at": self.detected if dead else None, "decided_at": time.time(), "recovery_s": None})
+            self.detected = None
+            self.workers.say(f"FAILOVER ({mode}): copies {dead} lost, {new} new; generation with copies {copies}: "
+                             f"{old.layout.label()} -> {plan.layout.label()}, going on at step {step} "
+                             f"(0 steps lost)" if dead else
+                             f"REJOIN: copies {new} join at step {step}: {old.layout.label()} -> {plan.layout.label()}")
+            return Decision(True, str(plan_dir), copies, new=new)
+
+    def _replan(self, copies: int):
+        """The plan of `copies` copies: the same TP, CP, PP and dp_shard, the global batch kept."""
+        from orchestrator.plan.plan import plan_spec
+
+        old, spec = self.plan.layout, self.plan.spec
+        dp = copies * old.dp_shard
+        gpn = spec.hardware.gpus_per_node
+        ranks = dp * old.tp * old.cp * old.pp
+        if ranks % gpn:
+            return None, f"{copies} copies of {copy_size(self.plan)} ranks do not fill whole nodes of {gpn}"
+        B, b = spec.training.global_batch, spec.training.micro_batch
+        for mb in [b] + [x for x in range(b - 1, 0, -1)]:
+            if B % (dp * mb):
+                continue
+            new = dataclasses.replace(
+                spec, cluster=dataclasses.replace(spec.cluster, nodes=ranks // gpn),
+                layout=dataclasses.replace(spec.layout, dp=dp, search=False),
+                training=dataclasses.replace(spec.training, micro_batch=mb))
+            plan = plan_spec(new)
+            if plan.valid:
+                return plan, None
+            why = "; ".join(str(e) for e in plan.errors)
+        else:
+            why = f"global_batch {B} does not split over dp {dp} with any micro-batch up to {b}"
+        return None, f"no plan for {copies} copies: {why}"
+
+    def _stop_event(self, alive, dead, step, why) -> None:
+        events.record(self.run_dir, {"mode": "in_place_refused", "copies_alive": alive, "copies_lost": dead,
+                                     "step": step, "reason": why})
+        self.workers.say(f"cannot go on in place: {why}; falling back to re-plan and restart")
+
+    def poll(self) -> None:
+        """Once the new generation completed a step: the failover's recovery time."""
+        with self.lock:
+            if self.pending is None:
+                return
+            done = [m for m in read_metrics(self.run_dir) if m.get("attempt") == self.attempt]
+            if not done:
+                return
+            first = min(done, key=lambda m: m["time"])
+            since = self.pending.get("detected_at") or self.pending["decided_at"]
+            events.amend(self.run_dir, self.pending["time"], {"recovery_s": first["time"] - since,
+                                                              "first_step_after": first["step"]})
+            self.workers.say(f"recovered in {first['time'] - since:.2f} s (failure detected -> step "
+                             f"{first['step'] + 1} completed)")
+            self.pending = None
+
+
+def _layout(plan) -> dict:
+    d = plan.layout
+    return {"nodes": plan.spec.cluster.nodes, "tp": d.tp, "cp": d.cp, "pp": d.pp, "dp": d.dp,
+            "dp_shard": d.dp_shard, "microbatches": d.microbatches, "micro_batch": plan.spec.training.micro_batch,
+            "label": d.label()}

@@ -1,0 +1,170 @@
+"""Processes on this machine, one per emulated GPU, grouped into emulated nodes (ranks
+node*gpus_per_node ... (node+1)*gpus_per_node-1).
+
+Each rank gets the usual torch environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Output lines are prefixed
+by node and rank and kept in RUN_DIR/logs/. Each worker leads its own process group,
+so killing it leaves nothing behind, and dies with the launcher whatever ends it:
+Linux delivers SIGKILL to each rank when its parent dies (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+
+
+ECHOED = ("step ", "generation ", "resumed from", "copy ", "stopping after")  # whichever rank says them
+WARNED = ("Error", "Traceback", "CHECKPOINT", "NO INTACT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LocalResult:
+    returncode: int
+    failed_rank: int | None = None
+    failed_node: int | None = None
+    cause: str = ""
+    pids: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    signalled: bool = False  # the failed rank was killed by a signal (a lost node), not an error exit
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL this rank when the launcher dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class LocalJob:
+    def __init__(self, run_dir: Path, nodes: int, gpus_per_node: int, env: dict | None = None,
+                 echo: bool = True, worker: list[str] | None = None):
+        self.run_dir, self.nodes, self.gpn = Path(run_dir), nodes, gpus_per_node
+        self.world = nodes * gpus_per_node
+        self.env, self.echo = env or {}, echo
+        self.worker = worker or [sys.executable, "-m", "orchestrator.train.worker", str(self.run_dir)]
+        self.procs: list[subprocess.Popen] = []
+        self._threads: list[threading.Thread] = []
+        self._print_lock = threading.Lock()
+
+    def node_of(self, rank: int) -> int:
+        return self.nodes_of[rank] if rank < len(self.nodes_of) else rank // self.gpn
+
+    def start(self) -> None:
+        self.port = free_port()
+        self.nodes_of: list[int] = []
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for rank in range(self.world):
+            self.spawn(rank, rank // self.gpn, {"RANK": rank, "WORLD_SIZE": self.world}, f"rank{rank}")
+
+    def spawn(self, rank: int, node: int, env: dict, name: str) -> subprocess.Popen:
+        """One more process: a rank of this attempt, or a spare or rejoining copy's."""
+        full = dict(os.environ)
+        full.update(LOCAL_RANK=str(rank % self.gpn), LOCAL_WORLD_SIZE=str(self.gpn), GROUP_RANK=str(node),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port), OMP_NUM_THREADS="1",
+                    PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                    PYTHONFAULTHANDLER="1")  # a crash in native code leaves every thread's Python stack in the log
+        full.update({k: str(v) for k, v in {**self.env, **env}.items()})
+        p = subprocess.Popen(self.worker, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full,
+                             start_new_session=True, text=True, bufsize=1, preexec_fn=_die_with_parent)
+        self.procs.append(p)
+        self.nodes_of.append(node)
+        t = threading.Thread(target=self._pump, args=(len(self.procs) - 1, p, name), daemon=True)
+        t.start()
+        self._threads.append(t)
+        return p
+
+    def _pump(self, slot: int, p: subprocess.Popen, name: str) -> None:
+        rank = slot
+        prefix = f"[node{self.node_of(slot)} {name}] "
+        with open(self.run_dir / "logs" / f"{name}.log", "a") as log:
+            for line in p.stdout:
+                log.write(line)
+                log.flush()
+                if self.echo and (rank == 0 or line.startswith(ECHOED) or any(w in line for w in WARNED)):
+                    with self._print_lock:
+                        try:
+                            sys.stdout.write(prefix + line)
+                            sys.stdout.flush()
+                        except (BrokenPipeError, ValueError):  # the reader went away: keep logging
+                            self.echo = False
+
+    def kill(self, ranks=None, sig=signal.SIGKILL) -> None:
+        for rank, p in enumerate(self.procs):
+            if (ranks is None or rank in ranks) and p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def kill_node(self, node: int) -> None:
+        self.kill([r for r in range(len(self.procs)) if self.node_of(r) == node])
+
+    def wait(self, timeout: float | None = None, on_poll=None) -> LocalResult:
+        t0 = time.monotonic()
+        try:
+            while True:
+                codes = [p.poll() for p in self.procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    rank, code = min(failed, key=lambda rc: rc[0] if rc[1] < 0 else rc[0] + self.world)
+                    # a rank killed by a signal is the cause; the others died of it
+                    self.kill()
+                    self._reap()
+                    return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "
+                                       f"{_describe(code)}", [p.pid for p in self.procs], time.monotonic() - t0,
+                                       signalled=code < 0)
+                if all(c == 0 for c in codes):
+                    self._reap()
+                    return LocalResult(0, pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    self.kill()
+                    self._reap()
+                    return LocalResult(124, cause=f"timed out after {timeout:.0f} s",
+                                       pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)
+                if on_poll is not None:
+                    on_poll(self)
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C or anything else: leave no orphan behind
+            self.kill()
+            self._reap()
+            raise
+
+    def _reap(self) -> None:
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for t in self._threads:
+            t.join(timeout=2)

@@ -1,0 +1,81 @@
+"""Where this rank stands: its coordinates in the plan, and the torch world it trains in.
+
+With one copy of the model state (layout.dp_shard = dp, the default) the world is the
+whole job, started the usual way (RANK, WORLD_SIZE, MASTER_ADDR), and the meshes are the
+plan's grids. With several copies each copy is its own torch world, initialised through
+the job's store (ORCH_STORE) under its own prefix, with a mesh over its own ranks
+(pp, dps, cp, tp); what crosses copies belongs to train/replicas.py.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from orchestrator.train.mesh import grid_from_json, meshes_from_plan
+
+COPY_DIMS = ("pp", "dps", "cp", "tp")
+
+
+@dataclass
+class Place:
+    copy: int  # which copy of the state (initially its dpr coordinate; spares come after)
+    local: int  # rank inside its copy's world
+    coords: dict  # pp, dps, cp, tp (and the plan's dp, tp, ... when it has a global rank)
+
+
+def copy_shape(lay: dict) -> tuple[int, ...]:
+    return (lay["pp"], lay["dp_shard"], lay["cp"], lay["tp"])
+
+
+def place_of(plan: dict, rank: int) -> Place:
+    """A rank of the plan: its copy and its rank inside the copy (mixed radix over pp, dps, cp, tp)."""
+    lay = plan["layout"]
+    c = grid_from_json(plan).coords(rank)
+    c["dps"] = c["dp"] % lay["dp_shard"]
+    local = int(np.ravel_multi_index([c["pp"], c["dps"], c["cp"], c["tp"]], copy_shape(lay)))
+    return Place(c["dp"] // lay["dp_shard"], local, c)
+
+
+def spare_place(plan: dict, copy: int, local: int) -> Place:
+    """A spare copy's rank: its position inside a copy; its data place comes with admission."""
+    pp, dps, cp, tp = (int(x) for x in np.unravel_index(local, copy_shape(plan["layout"])))
+    return Place(copy, local, {"pp": pp, "dps": dps, "cp": cp, "tp": tp, "ep": 0})
+
+
+def copies_of(plan: dict) -> int:
+    return plan["layout"]["dp_replicate"]
+
+
+def init(plan: dict, backend: str, device_type: str, place: Place | None, store) -> dict[str, DeviceMesh]:
+    """Initialise the torch world and build the meshes: the plan's, or the copy's own."""
+    if store is None:
+        if not dist.is_initialized():
+            dist.init_process_group(backend)
+        return meshes_from_plan(plan, device_type)
+    size = int(np.prod(copy_shape(plan["layout"])))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"copy{place.copy}", store), rank=place.local,
+                            world_size=size)
+    mesh = torch.arange(size).reshape(copy_shape(plan["layout"]))
+    return {"dense": DeviceMesh(device_type, mesh, mesh_dim_names=COPY_DIMS)}
+
+
+def env_store():
+    """The job's store, when the launcher runs one (several copies of the state)."""
+    addr = os.environ.get("ORCH_STORE")
+    if not addr:
+        return None
+    from orchestrator.train.replicas import connect_store
+
+    return connect_store(addr)
+
+
+def world_rank(plan: dict, index: int, coords: dict) -> int:
+    """The global rank (in `plan`) of the rank at `coords` in the copy at data index `index`."""
+    dps = plan["layout"]["dp_shard"]
+    return grid_from_json(plan).rank({"pp": coords["pp"], "dp": index * dps + coords["dps"], "cp": coords["cp"],
+                                      "tp": coords["tp"], "ep": 0})

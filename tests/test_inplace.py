@@ -1,0 +1,71 @@
+"""Lose a node, keep running: the copies of the model state on the other nodes keep their
+processes, parameters and optimizer state, re-form across copies and redo only the step in
+flight (no checkpoint is read); a warm spare restores DP with a healthy copy's state; a node
+that comes back joins at a step boundary. Real processes, gloo, the job's store and the
+coordinator; losses against an uninterrupted single-process run."""
+import json
+
+import pytest
+
+from conftest import losses_by_step, run_cli, samples_read
+
+COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
+          "training.global_batch=16", "layout.dp=4", "layout.dp_shard=2", "hardware.gpus_per_node=2",
+          "failover.quorum_s=5"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    r = run_cli(["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
+                 "training.global_batch=16", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=60"],
+                tmp, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return losses_by_step(tmp / "run")
+
+
+def _events(run):
+    return json.loads((run / "failover.json").read_text())
+
+
+def test_a_lost_node_drops_its_copy_in_place_and_a_node_back_rejoins(tmp_path, uninterrupted):
+    r = run_cli([*COMMON, "cluster.nodes=2", "training.steps=60", "fault.kill_node=1", "fault.at_step=3",
+                 "fault.rejoin_at_step=5", "training.log_every=10"], tmp_path, timeout=900)
+    run = tmp_path / "run"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    shrink, grow = _events(run)
+    assert shrink["mode"] == "in_place" and shrink["steps_lost"] == 0 and shrink["copies_lost"] == [1]
+    assert shrink["old_layout"]["dp"] == 4 and shrink["new_layout"]["dp"] == 2
+    assert shrink["new_layout"]["microbatches"] == 2 * shrink["old_layout"]["microbatches"]  # global batch kept
+    assert shrink["samples_reassigned_per_step"] == 8 and shrink["recovery_s"] > 0
+    assert grow["mode"] == "rejoin" and grow["copies_new"] == [2] and grow["new_layout"]["dp"] == 4
+    assert "CHECKPOINT" not in r.stdout and not (run / "checkpoints").exists()  # nothing was read back
+    log0 = (run / "logs" / "rank0.log").read_text()  # the same process before and after both changes
+    assert log0.index("generation 1") < log0.index("step 10/60") and "generation 2" in log0 and "step 60/60" in log0
+    got = losses_by_step(run)
+    assert sorted(got) == list(range(60))
+    for step in range(60):
+        assert got[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
+    assert samples_read(run) == list(range(60 * 16))  # every sample once, per step that counts
+
+
+def test_a_warm_spare_takes_the_lost_copy_and_dp_stays(tmp_path, uninterrupted):
+    r = run_cli([*COMMON, "cluster.nodes=2", "cluster.spare_nodes=1", "training.steps=8", "fault.kill_node=1",
+                 "fault.at_step=3"], tmp_path, timeout=900)
+    run = tmp_path / "run"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (event,) = _events(run)
+    assert event["mode"] == "spare" and event["copies_new"] == [2] and event["new_layout"]["dp"] == 4
+    assert "received the state of copy 0" in r.stdout
+    got = losses_by_step(run)
+    assert [got[s] for s in range(8)] == pytest.approx([uninterrupted[s] for s in range(8)], rel=1e-5)
+    assert samples_read(run) == list(range(8 * 16))
+
+
+def test_one_copy_of_the_state_falls_back_to_restart_and_says_why(tmp_path):
+    r = run_cli([*COMMON, "cluster.nodes=2", "layout.dp_shard=4", "training.steps=6", "training.checkpoint.every=2",
+                 "fault.kill_node=1", "fault.at_step=3"], tmp_path, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (event,) = _events(tmp_path / "run")
+    assert event["mode"] == "restart" and "one copy" in event["why_not_in_place"]
+    assert "FAILOVER 1 (restart" in r.stdout
