@@ -205,3 +205,79 @@ def test_device_mesh_from_the_grid_matches_the_plan_for_two_orders(tmp_path, mon
     # the two orders really give different groups
     g1, g2 = grid_from_json(plans["meta"]), grid_from_json(plans["megatron"])
     assert g1.group_of(0, "pp") != g2.group_of(0, "pp")
+
+
+# ---- the expert grid against Megatron-Core's RankGenerator (megatron/core/parallel_state.py) ----
+MOE_TINY = ["hardware=cpu", "model=tiny", "model.moe.experts=8", "model.moe.experts_per_token=2",
+            "model.moe.expert_ffn_hidden=64", "hardware.gpu_memory_gb=100", "training.global_batch=16"]
+
+
+def _megatron_groups(order: str, world: int, tp: int, cp: int, pp: int, ep: int, etp: int | None) -> dict:
+    """Megatron-Core's groups (initialize_model_parallel's two generators), from tests/megatron_ref.py."""
+    from megatron_ref import grids, rank_groups
+
+    dense, expert = grids(world, tp, cp, pp, ep, etp)
+    return {
+        # dense generator: ps.py:859-868, tokens as initialize_model_parallel asks for them
+        ("dense", "tp"): rank_groups(order, dense, "tp"), ("dense", "cp"): rank_groups(order, dense, "cp"),
+        ("dense", "dp"): rank_groups(order, dense, "dp"), ("dense", "pp"): rank_groups(order, dense, "pp"),
+        ("dense", "dp-cp"): rank_groups(order, dense, "dp-cp"),
+        # expert generator: ps.py:887-896 (etp in tp's slot, edp in dp's)
+        ("expert", "ep"): rank_groups(order, expert, "ep"), ("expert", "etp"): rank_groups(order, expert, "tp"),
+        ("expert", "edp"): rank_groups(order, expert, "dp"), ("expert", "pp"): rank_groups(order, expert, "pp"),
+        ("expert", "etp-ep"): rank_groups(order, expert, "tp-ep"),
+        ("expert", "etp-ep-pp"): rank_groups(order, expert, "tp-ep-pp"),
+    }
+
+
+def _plan_groups(plan) -> dict:
+    dense, expert = plan.grid(), plan.expert_grid()
+    out = {}
+    for (grid_name, grid) in (("dense", dense), ("expert", expert)):
+        for token in (("tp", "cp", "dp", "pp", "dp-cp") if grid_name == "dense" else
+                      ("ep", "etp", "edp", "pp", "etp-ep", "etp-ep-pp")):
+            out[(grid_name, token)] = grid.groups(token.split("-")).tolist()
+    return out
+
+
+def _same(a: list[list[int]], b: list[list[int]]) -> bool:
+    return sorted(map(sorted, a)) == sorted(map(sorted, b))
+
+
+def test_megatron_reference_reproduces_megatrons_own_groups():
+    """Anchor: world 16, tp2 cp2 pp2 (dp2), ep4 etp1 (edp2), order tp-cp-ep-dp-pp, as Megatron-Core's
+    generate_masked_orthogonal_rank_groups gives them."""
+    g = _megatron_groups("tp-cp-ep-dp-pp", 16, 2, 2, 2, 4, 1)
+    assert g[("expert", "ep")] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert g[("expert", "etp")] == [[r] for r in range(16)]
+    assert g[("expert", "edp")] == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]
+    assert g[("expert", "etp-ep-pp")] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    assert g[("dense", "cp")] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert g[("dense", "dp-cp")] == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
+    assert g[("dense", "pp")] == g[("expert", "pp")] == [[i, i + 8] for i in range(8)]
+
+
+@pytest.mark.parametrize("order,tp,cp,pp,ep,etp", [
+    ("tp-cp-ep-dp-pp", 2, 2, 2, 4, 1),  # Megatron's default order; EP spans the dense tp x cp block
+    ("tp-cp-ep-pp-dp", 2, 2, 2, 4, 1),  # --use-tp-pp-dp-mapping (edp = dp, so pp need not be last)
+    ("tp-cp-ep-dp-pp", 2, 1, 2, 2, None),  # etp = tp: EP carves the dense dp axis
+    ("tp-cp-ep-dp-pp", 1, 2, 1, 8, None),  # EP over dp x cp (DeepSeek-style), no pipeline
+    ("ep-tp-dp-cp-pp", 2, 2, 2, 2, 2),  # any order initialize_model_parallel accepts
+    ("tp-ep-cp-dp-pp", 4, 2, 1, 4, 2),
+])
+def test_expert_and_dense_groups_match_megatron_core(order, tp, cp, pp, ep, etp):
+    world = 16
+    overrides = [*MOE_TINY, "cluster.nodes=4", f"layout.tp={tp}", f"layout.cp={cp}", f"layout.pp={pp}",
+                 f"layout.ep={ep}", f"layout.order={order}", "layout.allow_cross_node_tp=true"]
+    if etp is not None:
+        overrides.append(f"layout.etp={etp}")
+    plan = plan_of(*overrides)
+    assert plan.valid, [str(e) for e in plan.errors]
+    want = _megatron_groups(order, world, tp, cp, pp, ep, etp)
+    got = _plan_groups(plan)
+    for key, groups in want.items():
+        assert _same(got[key], groups), (key, got[key], groups)
+        if "-" not in key[1]:  # one axis: the same groups in the same order, members in the same order
+            assert got[key] == groups, (key, got[key], groups)
+    # and the plan reports a tier for each live expert axis
+    assert all(plan.axes[a].tier for a in ("ep", "edp") if plan.axes[a].size > 1)

@@ -48,6 +48,8 @@ class Layout:
     stage_layers: list[int]  # layers per pipeline rank
     schedule: ScheduleSpec
     order: list[str] | None  # innermost first; None = auto (chosen from the traffic)
+    experts: int = 0  # routed experts of the model; 0 = dense (the expert grid carries nothing)
+    pipeline_rules: str = "torch"  # whose rules the layout was validated under (stack.pipeline_rules)
 
     @property
     def edp(self) -> int:
@@ -103,6 +105,7 @@ class Layout:
             "edp": self.edp, "vp": self.vp, "zero": self.zero, "dp_shard": self.dp_shard,
             "dp_replicate": self.dp_replicate, "order": order, "microbatches": self.microbatches,
             "micro_batch": self.micro_batch, "stage_layers": self.stage_layers, "schedule": self.schedule.name,
+            "pipeline_rules": self.pipeline_rules,
             "label": self.label(),
             # What each pipeline rank runs, so the runtime derives nothing.
             "stages": [{"pp_rank": r, "virtual": [

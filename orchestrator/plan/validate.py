@@ -5,6 +5,13 @@ and a fix. Memory and cross-node TP are judged later, once the byte inventory an
 cost model have numbers to quote (plan.py). `check_values` runs first and alone bounds
 every number, so nothing later divides by zero, loops for ever or allocates a grid for
 a typo.
+
+As strict as the frameworks and no stricter: a rule that depends on the software stack
+reads `stack.pipeline_rules` (torch: torch.distributed.pipelining and this runtime;
+megatron: Megatron-Core) and cites, in a comment, the source it mirrors. Rules that hold
+for every stack cite Megatron-Core's and torch's (or torchtitan's) version where both have
+one. tests/test_megatron_rules.py checks the planner against Megatron's rules as Megatron
+states them.
 """
 from __future__ import annotations
 
@@ -105,26 +112,94 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
         order = None
     if problems:
         return None, problems, warnings
+    rules = _rules(spec)
     world, dp = _check_product(spec, problems)
-    etp = spec.layout.etp or spec.layout.tp
     dp_shard = spec.layout.dp_shard or dp
     if dp and dp % dp_shard:
         problems.append(Problem("layout.dp_shard, layout.dp", f"dp={dp} does not split into copies of "
                                 f"dp_shard={dp_shard} ranks each.",
                                 f"use a dp_shard that divides {dp}, e.g. {[x for x in _divisors(dp)][-3:]}."))
-    _check_experts(spec, world, etp, order, problems)
-    _check_tensor(spec, problems, warnings)
+    etp = _check_experts(spec, world, dp, dp_shard, rules, problems, warnings)
+    _check_tensor(spec, etp, rules, problems, warnings)
     stage_layers = _check_pipeline(spec, problems, warnings)
     _check_sequence(spec, problems)
-    mb = _check_batch(spec, dp, problems)
+    mb = _check_batch(spec, dp, rules, problems, warnings)
     if problems:
         return None, problems, warnings
     lay = spec.layout
     layout = Layout(world=world, tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=dp, ep=lay.ep, etp=etp, vp=lay.vp,
                     zero=spec.stack.zero if lay.zero is None else lay.zero, dp_shard=dp_shard,
                     micro_batch=spec.training.micro_batch, microbatches=mb,
-                    stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order)
+                    stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order,
+                    experts=spec.model.moe.experts, pipeline_rules=rules)
+    if order is not None:
+        problems += check_order(layout, order, configured_etp=lay.etp or lay.tp, written=_written(lay.order))
+    if problems:
+        return None, problems, warnings
     return layout, problems, warnings
+
+
+def _rules(spec: Config) -> str:
+    """Whose rules apply where the frameworks differ: "torch" or "megatron" (stack.pipeline_rules)."""
+    r = spec.stack.pipeline_rules
+    return getattr(r, "value", r)
+
+
+def _written(order) -> list[str] | None:
+    """The axes of layout.order as written (parse_order appends the ones left out)."""
+    if isinstance(order, str):
+        return [x for x in order.lower().replace(",", "-").replace(" ", "-").split("-") if x.strip()] or None
+    return [str(x).strip().lower() for x in order] or None if isinstance(order, (list, tuple)) else None
+
+
+def _order_txt(order: list[str]) -> str:
+    return "-".join(order)
+
+
+def _stride(order: list[str], sizes: dict[str, int], axis: str) -> int:
+    """An axis' stride: the product of the sizes of the axes inside it (innermost first)."""
+    return math.prod(sizes[a] for a in order[:order.index(axis)])
+
+
+def check_order(layout: Layout, order: list[str], configured_etp: int | None = None,
+                written: list[str] | None = None) -> list[Problem]:
+    """The rank order against the two grids (dense and expert) it builds over the same ranks.
+
+    Every stack: a rank runs one pipeline stage, for its attention and its experts alike, so
+    the pipeline groups of the two grids must be the same (Megatron-Core asserts it in
+    megatron/core/parallel_state.py:903-907 initialize_model_parallel; torchtitan's ParallelDims
+    puts pp outermost in both meshes). Outside Megatron only a model with experts has a second grid.
+
+    stack.pipeline_rules=megatron: also the order ends with pp, or pp == 1, or the expert and
+    dense data-parallel sizes agree (megatron/core/parallel_state.py:897-901), whatever the
+    model: Megatron builds the expert grid for dense models too, with the configured etp
+    (`configured_etp`, which a dense model's layout does not keep). Megatron reads the order
+    string as written (`written`: the axes the user named, before the unnamed ones were appended).
+    """
+    d = layout
+    out: list[Problem] = []
+    megatron = d.pipeline_rules == "megatron"
+    if d.pp == 1 or not (d.experts or megatron):
+        return out
+    etp = configured_etp or d.etp
+    edp = d.world // (etp * d.ep * d.pp)
+    dense = {"tp": d.tp, "cp": d.cp, "ep": 1, "dp": d.dp, "pp": d.pp}
+    expert = {"tp": etp, "cp": 1, "ep": d.ep, "dp": edp, "pp": d.pp}
+    pp_last = [a for a in order if a != "pp"] + ["pp"]
+    fix = f"put pp outermost, layout.order={_order_txt(pp_last)} (or layout.order=auto)"
+    if megatron and edp != d.dp and (written or order)[-1] != "pp":
+        out.append(Problem("layout.order, stack", f"Megatron-Core needs the order to end with pp when the "
+                           f"expert data-parallel size (edp {edp} = world / (etp {etp} x ep {d.ep} x pp "
+                           f"{d.pp})) differs from the dense one (dp {d.dp}); order {_order_txt(order)} "
+                           f"does not (parallel_state.py, initialize_model_parallel).", f"{fix}."))
+    elif _stride(order, dense, "pp") != _stride(order, expert, "pp"):
+        out.append(Problem("layout.order, layout.ep, layout.etp",
+                           f"order {_order_txt(order)} gives the experts other pipeline groups than attention: "
+                           f"the pp stride is {_stride(order, dense, 'pp')} in the dense grid (tp {d.tp}, cp "
+                           f"{d.cp}, dp {d.dp}) and {_stride(order, expert, 'pp')} in the expert grid (etp {etp}, "
+                           f"ep {d.ep}, edp {edp}), so a rank would run two different stages.",
+                           f"{fix}, or pick etp x ep = tp x cp so that edp = dp."))
+    return out
 
 
 def _check_product(spec: Config, problems: list[Problem]) -> tuple[int, int]:
@@ -154,38 +229,70 @@ def _check_product(spec: Config, problems: list[Problem]) -> tuple[int, int]:
     return world, dp
 
 
-def _check_experts(spec: Config, world: int, etp: int, order: list[str] | None, problems: list[Problem]) -> None:
-    """The expert grid (Megatron-Core's initialize_model_parallel): etp x ep x pp divides the world."""
+def _check_experts(spec: Config, world: int, dp: int, dp_shard: int, rules: str, problems: list[Problem],
+                   warnings: list[str]) -> int:
+    """The expert grid, as Megatron-Core's initialize_model_parallel builds it: etp x ep x pp
+    divides the world and expert data parallelism takes the rest, so EP folds in context and
+    data parallelism (and tensor parallelism where etp < tp). Returns etp."""
     lay, m = spec.layout, spec.model
-    ep, pp = lay.ep, lay.pp
+    ep, pp, tp = lay.ep, lay.pp, lay.tp
+    etp = lay.etp or tp  # megatron/training/arguments.py:587-588: etp defaults to tp
     if m.moe.experts == 0:
+        # Megatron: ep > 1 needs num_experts (megatron/training/arguments.py:1654-1658); torchtitan
+        # builds no expert mesh for a dense model.
         if ep > 1:
             problems.append(Problem("layout.ep, model.moe.experts", f"ep={ep} needs a mixture-of-experts model; "
                                     f"{m.name} is dense.", "set layout.ep=1."))
-        if etp != lay.tp:
-            problems.append(Problem("layout.etp, model.moe.experts", f"etp={etp} sets the experts' tensor "
-                                    f"parallelism; {m.name} is dense.", "leave layout.etp unset."))
-        return
-    if m.moe.experts and m.moe.experts % ep:
+            return tp
+        if etp != tp:
+            # Megatron builds the expert grid for a dense model too and refuses one that does not
+            # tile the world (megatron/core/parallel_state.py:874-884); otherwise etp is unused.
+            if rules == "megatron" and world % (etp * pp):
+                problems.append(Problem("layout.etp", f"Megatron-Core builds the expert grid for {m.name} too: "
+                                        f"etp({etp}) * pp({pp}) = {etp * pp} does not divide WORLD_SIZE {world}.",
+                                        "leave layout.etp unset (a dense model has no experts)."))
+                return tp
+            warnings.append(f"layout.etp={etp} has no effect: {m.name} has no experts.")
+        return tp
+    # Megatron: num_experts % ep (megatron/training/arguments.py:1654-1658, moe_layer.py:186);
+    # torchtitan shards experts evenly over ep as well.
+    if m.moe.experts % ep:
         problems.append(Problem("layout.ep, model.moe.experts", f"{m.moe.experts} experts do not split over ep={ep}.",
                                 f"use ep in {_divisors(m.moe.experts)[-6:]}."))
+    # megatron/core/parallel_state.py:874-884 (RuntimeError). This is the only tie between ep and
+    # the dense degrees: (dp x cp) % ep is not required (torchtitan: ep divides dp_shard x cp x tp).
     if world % (etp * ep * pp):
-        dense = world // (lay.tp * lay.cp * pp) if world % (lay.tp * lay.cp * pp) == 0 else 0
+        dense = world // (tp * lay.cp * pp) if world % (tp * lay.cp * pp) == 0 else 0
         problems.append(Problem("layout.ep, layout.etp", f"the expert grid needs etp({etp}) * ep({ep}) * pp({pp}) = "
                                 f"{etp * ep * pp} to divide WORLD_SIZE {world}.",
                                 f"use an ep that divides {world // (etp * pp) if world % (etp * pp) == 0 else world}"
                                 + (f" (dp x cp = {dense * lay.cp})" if dense else "") + "."))
+        return etp
+    edp = world // (etp * ep * pp)
+    copies = dp // dp_shard if dp and dp_shard and dp % dp_shard == 0 else 1
+    # Megatron: the distributed optimizer's instances (HSDP's copies of the state) split the
+    # expert data-parallel group too (megatron/core/parallel_state.py:1447-1449).
+    if rules == "megatron" and copies > 1 and edp % copies:
+        problems.append(Problem("layout.dp_shard, layout.ep, layout.etp",
+                                f"{copies} copies of the state (dp {dp} / dp_shard {dp_shard}) do not split the "
+                                f"expert data-parallel group of edp = {edp} ranks (Megatron-Core, "
+                                f"num_distributed_optimizer_instances).",
+                                f"use a dp_shard with dp / dp_shard dividing {edp}, or leave layout.dp_shard unset."))
+    return etp
 
 
-def _check_tensor(spec: Config, problems: list[Problem], warnings: list[str]) -> None:
+def _check_tensor(spec: Config, etp: int, rules: str, problems: list[Problem], warnings: list[str]) -> None:
     lay, m, gpn = spec.layout, spec.model, spec.hardware.gpus_per_node
     t = lay.tp
     if (t > gpn or gpn % t) and lay.allow_cross_node_tp:
         warnings.append(f"layout.tp={t} does not fit in a node of {gpn} GPUs: its collectives cross "
                         f"the network (allowed by layout.allow_cross_node_tp); see the TP row of the axes.")
+    # Megatron: TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py:1446-1450);
+    # torch: the heads are split over the TP mesh (ColwiseParallel on q, k, v).
     if m.heads % t:
         problems.append(Problem("layout.tp, model.heads", f"{m.heads} attention heads do not split over tp={t}.",
                                 f"use tp in {[d for d in _divisors(m.heads) if d <= gpn]}."))
+    # Megatron: num_query_groups must be a multiple or a divisor of tp (transformer_config.py:1458-1468).
     if m.kv_heads % t:
         if t % m.kv_heads == 0:
             warnings.append(f"model.kv_heads={m.kv_heads} < tp={t}: each KV head is replicated on "
@@ -194,10 +301,38 @@ def _check_tensor(spec: Config, problems: list[Problem], warnings: list[str]) ->
             problems.append(Problem("layout.tp, model.kv_heads",
                                     f"{m.kv_heads} KV heads neither split over nor replicate evenly onto tp={t}.",
                                     f"use tp in {_divisors(m.kv_heads) + [m.kv_heads * k for k in (2, 4, 8)]}."))
-    ffn = m.moe.expert_ffn_hidden if m.moe.experts else m.ffn_hidden
-    if ffn % t:
-        warnings.append(f"model.ffn_hidden={ffn} is not divisible by tp={t}: padded to {-(-ffn // t) * t}.")
-    if m.vocab % t:
+    # MLP widths over their tensor-parallel group. torch (DTensor) shards unevenly: padded, a
+    # warning. Megatron: ColumnParallelLinear/RowParallelLinear divide() the width by the group
+    # size and assert (megatron/core/tensor_parallel/layers.py:1038 and :1408, core/utils.py
+    # divide); experts use the expert-TP group (etp), shared experts the dense one (tp).
+    moe = m.moe
+    widths = []
+    if not moe.experts or moe.dense_layers:
+        widths.append(("model.ffn_hidden", "layout.tp", m.ffn_hidden, t))
+    if moe.experts:
+        widths.append(("model.moe.expert_ffn_hidden", "layout.etp", moe.expert_ffn_hidden, etp))
+        if moe.shared_experts:
+            widths.append(("model.moe.shared_experts, model.moe.expert_ffn_hidden", "layout.tp",
+                           moe.shared_experts * moe.expert_ffn_hidden, t))
+    for key, deg_key, width, deg in widths:
+        if width % deg == 0:
+            continue
+        if rules == "megatron":
+            problems.append(Problem(f"{deg_key}, {key}", f"an MLP width of {width} does not split over "
+                                    f"{deg_key.split('.')[1]}={deg}; Megatron-Core's parallel linear layers need it "
+                                    f"to (tensor_parallel/layers.py, divide).",
+                                    f"use {deg_key.split('.')[1]} in {[d for d in _divisors(width) if d <= 64][-4:]}, "
+                                    f"or a width divisible by {deg}."))
+        else:
+            warnings.append(f"{key}={width} is not divisible by {deg_key.split('.')[1]}={deg}: padded to "
+                            f"{-(-width // deg) * deg}.")
+    # Megatron: MoELayer.forward raises ValueError in training when attention TP > 1 runs without
+    # sequence parallelism (megatron/core/transformer/moe/moe_layer.py:636-640).
+    if rules == "megatron" and moe.experts and t > 1 and not lay.sequence_parallel:
+        problems.append(Problem("layout.sequence_parallel, layout.tp", f"Megatron-Core's MoE layer refuses to "
+                                f"train with tp={t} and no sequence parallelism (moe_layer.py, MoELayer.forward).",
+                                "set layout.sequence_parallel=true, or layout.tp=1."))
+    if m.vocab % t:  # both pad the vocabulary (megatron/training/vocab_utils.py; DTensor's uneven shards)
         warnings.append(f"model.vocab={m.vocab} is not divisible by tp={t}: the vocabulary-parallel "
                         f"embedding pads it to {-(-m.vocab // t) * t}.")
 
@@ -226,7 +361,15 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
                                 f"not {sched.name}.", "use schedule=interleaved_1f1b, or layout.vp=1."))
         return []
     if sched.uses_vp and p == 1 and v > 1:
-        warnings.append(f"schedule={sched.name} with pp=1 has nothing to interleave.")
+        # Megatron: initialize_model_parallel raises RuntimeError ("pipeline-model-parallel size
+        # should be greater than 1 with interleaved schedule", megatron/core/parallel_state.py:
+        # 827-831; megatron/training/arguments.py:1000-1010). Every stack: one stage has nothing
+        # to interleave with.
+        problems.append(Problem("layout.vp, layout.pp", f"vp={v} virtual stages interleave pipeline stages, "
+                                f"but pp=1 has one stage: {sched.name} needs pp > 1.",
+                                f"set layout.vp=1, or layout.pp > 1 (e.g. layout.pp="
+                                f"{next((d for d in _divisors(L) if d > 1 and (L // d) % v == 0), 2)})."))
+        return []
     chunks = sched.chunks(v)
     if lay.stage_layers is not None:
         sl = list(lay.stage_layers)
@@ -271,12 +414,15 @@ def _check_sequence(spec: Config, problems: list[Problem]) -> None:
                                 "use a seq_len divisible by cp*tp, or layout.sequence_parallel=false."))
 
 
-def _check_batch(spec: Config, dp: int, problems: list[Problem]) -> int:
-    """The global batch against data parallelism, micro-batches against the schedule."""
+def _check_batch(spec: Config, dp: int, rules: str, problems: list[Problem], warnings: list[str]) -> int:
+    """The global batch against data parallelism, micro-batches against the schedule as the
+    stack implements it (config/schedules.py: one rule per schedule and stack, with its source)."""
     tr, p = spec.training, spec.layout.pp
     B, b = tr.global_batch, tr.micro_batch
     if not dp:
         return 0
+    # Megatron: ConstantNumMicroBatchesCalculator asserts it (megatron/core/num_microbatches_calculator.py
+    # :367-392); torch: the runtime splits each replica's batch into equal micro-batches.
     if B % (dp * b):
         lo = (B // (dp * b)) * dp * b or dp * b
         problems.append(Problem("training.global_batch, layout.dp, training.micro_batch",
@@ -288,15 +434,30 @@ def _check_batch(spec: Config, dp: int, problems: list[Problem]) -> int:
     if spec.schedule.microbatches not in (None, mb):
         problems.append(Problem("schedule.microbatches", f"set to {spec.schedule.microbatches}, but global_batch "
                                 f"{B} / (dp {dp} x micro_batch {b}) = {mb}.", "leave schedule.microbatches unset."))
+    if p == 1:
+        return mb
     sched = SCHEDULES[spec.schedule.name.value]
-    why = sched.check(p, sched.chunks(spec.layout.vp), mb) if p > 1 else None
+    rule = sched.rule(rules)
+    chunks = sched.chunks(spec.layout.vp)
+    bubble = sched.bubble(p, spec.layout.vp)
+    where = f"dp {dp} x micro_batch {b} out of global_batch {B}"
+    who = f"stack={spec.stack.name} ({rule.stack} rules, {rule.source})"
+    why = rule.refuse(p, chunks, mb)
     if why:
-        need = max(p * sched.chunks(spec.layout.vp), mb + (mb % 2) if "odd" in why else 0)
-        target = -(-max(need, mb) // p) * p if "rounds" in why else need
+        target = rule.smallest_m(p, chunks, mb)
+        fix = (f"make global_batch / (dp x micro_batch) {target}, e.g. training.global_batch={target * dp * b}, "
+               f"or lower training.micro_batch, or use fewer stages" if target else
+               "no micro-batch count helps: change layout.pp as the message says, or schedule.name")
+        if rule.stack == "torch" and sched.rule("megatron").refuse(p, chunks, mb) is None:
+            fix += f" (stack=megatron_core's {sched.name} would run m={mb})"
         problems.append(Problem("schedule.name, training.global_batch, layout.pp",
-                                f"{sched.name} {why} (dp {dp} x micro_batch {b} out of global_batch {B}; "
-                                f"bubble {(p - 1) / (mb + p - 1):.0%}).",
-                                f"make global_batch / (dp x micro_batch) at least {target}, e.g. "
-                                f"training.global_batch={target * dp * b}, or lower training.micro_batch, "
-                                f"or use fewer stages."))
+                                f"{sched.name} {why} under {who} ({where}).", fix + "."))
+        return mb
+    slow = rule.warn(p, chunks, mb)
+    if slow:
+        full = p  # a warning is a 1F1B rule: pp micro-batches fill the pipeline
+        warnings.append(f"schedule.name, training.global_batch, layout.pp: {sched.name} {slow} under {who}; it "
+                        f"runs, but the bubble is {bubble / (mb + bubble):.0%} of the step ({where}), against "
+                        f"{bubble / (full + bubble):.0%} with {full} micro-batches "
+                        f"(training.global_batch={full * dp * b}).")
     return mb
