@@ -1,7 +1,8 @@
 """The byte inventory: what one GPU holds, stage by stage (seed 1: start here).
 
 Model states are 16 bytes per parameter (bf16 weights 2, bf16 gradients 2, fp32
-master weights and Adam m and v 12), divided by TP x PP (each GPU holds its
+master weights and Adam m and v 12; the stack's `grad_bytes` for gradients: Megatron,
+Llama 3 and DeepSeek-V3 keep fp32 main gradients, 4), divided by TP x PP (each GPU holds its
 stage's shard), and by the data-parallel group for whatever ZeRO/FSDP shards:
 stage 1 the optimizer, 2 also gradients, 3 also weights. FSDP shards over data
 x context ranks, as torchtitan does. Expert weights are divided by the expert
@@ -60,7 +61,16 @@ def in_flight(d: Layout, stage: int) -> float:
     return d.schedule.held(d.pp, d.vp, d.microbatches, stage)
 
 
-def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
+def _grad_bytes(spec) -> float:
+    g = getattr(getattr(spec, "stack", None), "grad_bytes", 2.0)
+    try:
+        g = float(g)
+    except (TypeError, ValueError):
+        return 2.0
+    return min(max(g, 0.0), 16.0) if g == g and abs(g) != float("inf") else 2.0
+
+
+def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
     t, c = d.tp, d.cp
     dense = (st.params - st.expert_params) / t
     expert = st.expert_params / (d.etp * d.ep)
@@ -72,11 +82,11 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
 
     copies = float(d.schedule.weight_copies)
     params = copies * 2.0 * sharded(3)
-    grads = copies * 2.0 * sharded(2)
+    grads = copies * _grad_bytes(spec) * sharded(2)
     optimizer = tr.optimizer_bytes * sharded(1)
     tokens = tr.seq_len / c * tr.micro_batch
     acts = st.act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision == "fp8" else 1.0)
-    if tr.recompute == "full":
+    if tr.recompute == "full" and st.act_tok_layer_max:
         acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
     if st.outputs:
         acts += 2 * 4.0 * tokens * vocab / t  # fp32 logits and their gradient
@@ -87,6 +97,6 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
     return Memory(params, grads, optimizer, acts, other, total, hw.gpu_memory_gb * GiB, st.index)
 
 
-def inventory(stages: list[Stage], d: Layout, hw, tr, vocab: int) -> Memory:
+def inventory(stages: list[Stage], d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
     """The worst stage's memory (the one that decides whether the layout fits)."""
-    return max((stage_memory(st, d, hw, tr, vocab) for st in stages), key=lambda mem: mem.per_gpu_bytes)
+    return max((stage_memory(st, d, hw, tr, vocab, spec) for st in stages), key=lambda mem: mem.per_gpu_bytes)
