@@ -40,31 +40,34 @@ def main() -> None:
     ev = evaluate(rows, refit=not args.presets, loso_folds=not args.quick)
     loso_after = {p.row.name: p for ps in ev.after_loso.values() for p in ps}
     loso_before = {p.row.name: p for ps in ev.before_loso.values() for p in ps}
-    print(f"{'run':<58} {'family':<18} {'use':<4} {'layout':<26} {'true':>5} | {'before':>6} {'LOSO':>5} | "
-          f"{'after':>5} {'LOSO':>5}   (MFU %, this planner's convention)")
-    for a, b in zip(ev.after, ev.before):
+    print(f"{'run':<58} {'family':<18} {'use':<4} {'layout':<26} {'true':>5} | {'before: shipped':>15} {'refit':>5} "
+          f"{'LOSO':>5} | {'after':>5} {'LOSO':>5}   (MFU %, this planner's convention)")
+    for a, b, sh in zip(ev.after, ev.before, ev.shipped):
         lay = a.plan.layout.label() if a.plan is not None and a.plan.layout else "-"
         la, lb = loso_after.get(a.row.name), loso_before.get(a.row.name)
         print(f"{a.row.name[:58]:<58} {a.row.family[:18]:<18} {a.row.use:<4} {lay[:26]:<26} "
-              f"{_fmt(100 * a.truth if a.truth else None)} | {_fmt(100 * b.predicted if b.predicted else None):>6} "
+              f"{_fmt(100 * a.truth if a.truth else None)} | {_fmt(100 * sh.predicted if sh.predicted else None):>15} "
+              f"{_fmt(100 * b.predicted if b.predicted else None):>5} "
               f"{_fmt(100 * lb.predicted if lb and lb.predicted else None)} | {_fmt(100 * a.predicted if a.predicted else None)} "
               f"{_fmt(100 * la.predicted if la and la.predicted else None)}")
-    print("\nper source family: rows | before: in-sample MAE, LOSO MAE | after: in-sample MAE, LOSO MAE (MFU points)")
+    print("\nper source family: rows | before: as shipped, in-sample (refit), LOSO MAE | after: in-sample, LOSO MAE"
+          " (MFU points)")
     fams = sorted({r.family for r in rows})
-    tot = {k: [] for k in ("bi", "bl", "ai", "al")}
+    tot = {k: [] for k in ("bs", "bi", "bl", "ai", "al")}
     for fam in fams:
         sel = lambda ps: [p for p in ps if p.row.family == fam]  # noqa: E731
-        parts = {"bi": sel(ev.before), "bl": ev.before_loso.get(fam, []), "ai": sel(ev.after),
+        parts = {"bs": sel(ev.shipped), "bi": sel(ev.before), "bl": ev.before_loso.get(fam, []), "ai": sel(ev.after),
                  "al": ev.after_loso.get(fam, [])}
         for k, v in parts.items():
             tot[k] += [p for p in v if p.row.use == "fit"]
         n = len(sel(ev.after))
         use = {r.use for r in rows if r.family == fam}
         print(f"  {fam:<20} {n:>3} {'(eval only)' if use == {'eval'} else '':<11} | "
-              f"{_fmt(_mae(parts['bi'])[1])} {_fmt(_mae(parts['bl'])[1])} | {_fmt(_mae(parts['ai'])[1])} "
+              f"{_fmt(_mae(parts['bs'])[1])} {_fmt(_mae(parts['bi'])[1])} {_fmt(_mae(parts['bl'])[1])} | "
+              f"{_fmt(_mae(parts['ai'])[1])} "
               f"{_fmt(_mae(parts['al'])[1])}")
     print("  ---")
-    for k, label in (("bi", "before, in sample"), ("bl", "before, leave one source out"),
+    for k, label in (("bs", "before, as shipped"), ("bi", "before, in sample"), ("bl", "before, leave one source out"),
                      ("ai", "after, in sample"), ("al", "after, leave one source out")):
         n, mae, within = _mae(tot[k])
         if n:

@@ -523,12 +523,17 @@ def loso_legacy(rows: list[Row]) -> dict[str, list[Prediction]]:
     return out
 
 
+# The first model's presets as shipped (fitted on calibration.csv's rows).
+SHIPPED_EFFICIENCY = {"a100_80gb": 0.631, "h100_sxm": 0.600, "h800": 0.600}
+
+
 @dataclass
 class Evaluation:
     params: dict
     after: list[Prediction]  # in sample (the fit on every `use=fit` row)
-    before: list[Prediction]
+    before: list[Prediction]  # the first model refitted on every row it can plan
     legacy_efficiency: dict
+    shipped: list[Prediction] = field(default_factory=list)  # the first model as shipped
     after_loso: dict[str, list[Prediction]] = field(default_factory=dict)
     before_loso: dict[str, list[Prediction]] = field(default_factory=dict)
 
@@ -539,7 +544,8 @@ def evaluate(rows: list[Row] | None = None, refit: bool = True, loso_folds: bool
     rows = rows if rows is not None else load_runs()
     params = fit(rows, iterations=iterations) if refit else current_params()
     eff = fit_legacy(legacy_predictions(rows, {}))
-    ev = Evaluation(params, predict(rows, params), legacy_predictions(rows, eff), eff)
+    ev = Evaluation(params, predict(rows, params), legacy_predictions(rows, eff), eff,
+                    legacy_predictions(rows, SHIPPED_EFFICIENCY))
     if loso_folds:
         ev.after_loso = loso(rows, params)
         ev.before_loso = loso_legacy(rows)
