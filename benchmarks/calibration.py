@@ -48,7 +48,8 @@ def main() -> None:
         print(f"{a.row.name[:58]:<58} {a.row.family[:18]:<18} {a.row.use:<4} {lay[:26]:<26} "
               f"{_fmt(100 * a.truth if a.truth else None)} | {_fmt(100 * sh.predicted if sh.predicted else None):>15} "
               f"{_fmt(100 * b.predicted if b.predicted else None):>5} "
-              f"{_fmt(100 * lb.predicted if lb and lb.predicted else None)} | {_fmt(100 * a.predicted if a.predicted else None)} "
+              f"{_fmt(100 * lb.predicted if lb and lb.predicted else None)} | "
+              f"{_fmt(100 * a.predicted if a.predicted else None)} "
               f"{_fmt(100 * la.predicted if la and la.predicted else None)}")
     print("\nper source family: rows | before: as shipped, in-sample (refit), LOSO MAE | after: in-sample, LOSO MAE"
           " (MFU points)")

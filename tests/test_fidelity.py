@@ -6,7 +6,6 @@ import pytest
 
 from conftest import ROOT, plan_of
 from orchestrator.plan.calibrate import RUNS_CSV, evaluate, load_runs, predict_one
-from orchestrator.plan.inventory import GiB
 
 # Megatron-Core's 16B weak-scaling run (NVIDIA/Megatron-LM README, 2024): TP4 DP48 on 192 H100.
 MCORE_16B = ["hardware=h100_sxm", "model=llama3_8b", "model.layers=32", "model.hidden=6144", "model.ffn_hidden=24576",

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.axes import AXES, CANONICAL_ORDER
-from orchestrator.plan.kernels import Shape, coefficients, shape_of, stage_features
+from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import Stage

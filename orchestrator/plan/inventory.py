@@ -70,7 +70,7 @@ def _grad_bytes(spec) -> float:
     return min(max(g, 0.0), 16.0) if g == g and abs(g) != float("inf") else 2.0
 
 
-def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
+def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes: float | None = None) -> Memory:
     t, c = d.tp, d.cp
     dense = (st.params - st.expert_params) / t
     expert = st.expert_params / (d.etp * d.ep)
@@ -82,7 +82,7 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
 
     copies = float(d.schedule.weight_copies)
     params = copies * 2.0 * sharded(3)
-    grads = copies * _grad_bytes(spec) * sharded(2)
+    grads = copies * (_grad_bytes(spec) if grad_bytes is None else grad_bytes) * sharded(2)
     optimizer = tr.optimizer_bytes * sharded(1)
     tokens = tr.seq_len / c * tr.micro_batch
     acts = st.act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision == "fp8" else 1.0)
@@ -99,4 +99,5 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
 
 def inventory(stages: list[Stage], d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
     """The worst stage's memory (the one that decides whether the layout fits)."""
-    return max((stage_memory(st, d, hw, tr, vocab, spec) for st in stages), key=lambda mem: mem.per_gpu_bytes)
+    gb = _grad_bytes(spec)
+    return max((stage_memory(st, d, hw, tr, vocab, spec, gb) for st in stages), key=lambda mem: mem.per_gpu_bytes)

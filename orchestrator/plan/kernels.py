@@ -48,11 +48,11 @@ from orchestrator.plan.model import ModelMath
 
 @dataclass(frozen=True)
 class Features:
-    """Seconds of one micro-batch at unit coefficients (summable over layers and stages)."""
+    """Seconds of one micro-batch (GEMMs at their roofline; the rest at unit coefficients), summable."""
 
     gemm: float = 0.0  # GEMMs: the roofline, max(FLOPs at the ceiling, operand and result bytes / HBM)
     elem: float = 0.0  # memory-bound bytes / HBM bandwidth
-    attn: float = 0.0  # flash-attention FLOPs (3 x forward) / bf16 peak
+    attn: float = 0.0  # flash-attention FLOPs as run (forward, backward, recompute) / bf16 peak
     kernels: float = 0.0  # kernel launches x 1e-6 (so its coefficient is in microseconds)
 
     def __add__(self, o: "Features") -> "Features":
@@ -74,7 +74,8 @@ class Coefficients:
     launch_overhead_us: float
 
     def seconds(self, f: Features) -> float:
-        return (f.gemm + self.elementwise * f.elem + f.attn / self.attention_efficiency + self.launch_overhead_us * f.kernels)
+        return (f.gemm + self.elementwise * f.elem + f.attn / self.attention_efficiency
+                + self.launch_overhead_us * f.kernels)
 
 
 def _clamp(x, lo: float, hi: float, default: float) -> float:

@@ -132,7 +132,15 @@ class ModelMath:
 
     @cached_property
     def _layers(self) -> list[LayerShape]:
-        return [self._build_layer(i) for i in range(self.L)]
+        # A layer's shape depends only on whether it is a mixture-of-experts layer: build each once.
+        kinds: dict[bool, LayerShape] = {}
+        out = []
+        for i in range(self.L):
+            moe = self.moe is not None and i >= self.moe.dense_layers
+            if moe not in kinds:
+                kinds[moe] = self._build_layer(i)
+            out.append(kinds[moe])
+        return out
 
     def _build_layer(self, i: int) -> LayerShape:
         h = self.h
