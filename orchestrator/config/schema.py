@@ -86,8 +86,8 @@ class HardwareConfig:
     intra_node_latency_us: float = 3.0
     inter_node_latency_us: float = 10.0
     tiers: List[TierConfig] = field(default_factory=list)
-    # Fraction of the roofline the kernels reach (fitted on published runs, see
-    # orchestrator/plan/calibrate.py). MFU ~ useful fraction x kernel efficiency.
+    # cost.kernel_model=constant (the planner's first model): the one fraction of the roofline
+    # every kernel reaches, MFU ~ useful fraction x kernel efficiency (fitted on calibration.csv).
     kernel_efficiency: float = 0.6
     # cost.kernel_model=shape: the fraction of peak that large bf16 GEMMs reach on this GPU
     # (the shape-aware kernel model's ceiling; fitted per GPU generation on published runs).
