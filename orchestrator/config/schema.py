@@ -249,6 +249,10 @@ class TrainingConfig:
     # their activations (Megatron's --recompute-method block --recompute-num-layers N);
     # None = every layer.
     recompute_layers: Optional[int] = None
+    # Multi-token prediction modules trained beside the model (DeepSeek-V3: 1): each one more
+    # block, a projection and the shared output head on the last stage; their FLOPs are hardware
+    # FLOPs, not model FLOPs (the published MFU counts the main model).
+    mtp_depth: int = 0
     precision: Precision = Precision.bf16
     optimizer_bytes: float = 12.0  # per parameter: fp32 master + Adam m, v (DeepSeek-V3: 8, bf16 moments)
     seed: int = 0
@@ -297,10 +301,10 @@ class CostConfig:
     kernel_model: KernelModel = KernelModel.shape
     # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
     # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
-    elementwise: float = 0.768  # weight of the memory-bound work (norms, activations, casts, softmax)
-    attention_efficiency: float = 0.575  # fraction of the bf16 peak flash attention's forward reaches
+    elementwise: float = 0.79  # weight of the memory-bound work (norms, activations, casts, softmax)
+    attention_efficiency: float = 0.577  # fraction of the bf16 peak flash attention's forward reaches
     fp8_gemm_efficiency: float = 1.0  # FP8 GEMMs' ceiling relative to the bf16 one (power, scaling)
-    launch_overhead_us: float = 19.43  # host time per kernel launch the GPU waits for (small kernels)
+    launch_overhead_us: float = 17.979  # host time per kernel launch the GPU waits for (small kernels)
 
 
 @dataclass

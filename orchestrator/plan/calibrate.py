@@ -137,6 +137,8 @@ def row_from_csv(r: dict) -> Row:
               f"model.moe.max_nodes_per_token={_int(r['max_nodes'], 0)}"]
     if r["recompute"] != "least":
         o.append(f"training.recompute={r['recompute']}")
+    if _int(r.get("mtp", "")):
+        o.append(f"training.mtp_depth={_int(r['mtp'])}")
     fp8 = "fp8" in r["precision"].lower()
     o.append(f"training.precision={'fp8' if fp8 else 'bf16'}")
     if r["model_preset"] == "deepseek_v3" and r["family"] == "deepseek_v3":

@@ -151,7 +151,7 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
     frac = getattr(st, "recompute_frac", 1.0 if tr.recompute == "full" else 0.0)
     full = frac > 0
     compute = st.hw_flops_tok * tokens / t / (hw.peak_tflops * 1e12)
-    n = len(st.layers)
+    n = len(st.layers) + getattr(st, "mtp", 0)
     if not tr.flash_attention:
         # Without flash attention the score matrix goes through HBM, in bytes per element:
         # forward: QK^T writes 2, fused scale-mask-softmax reads and writes 4, dropout 5
@@ -375,6 +375,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     # hierarchical, ring-aware bandwidth of the data-parallel axes
     dp_gbps = {n: _dp_gbps(tiers[n], nvlink, d, order, n, over) for n in ("dp", "edp")}
 
+    bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
     sm = _frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0) if stack is not None else 0.0
     sm = min(sm, 0.9)
 
@@ -389,6 +390,12 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
             # The SMs the hidden all-to-all runs on are missing from the compute meanwhile.
             c = c + ep_hidden * sm / (1.0 - sm)
             per.append((c + tp + cp + ep - ep_hidden, c, tp, cp, ep - ep_hidden, ep_hidden))
+        if bidirectional and len(per) > 1:
+            # DualPipe feeds micro-batches from both ends: rank r runs stage r for one direction
+            # and stage pp-1-r for the other (its second copy of the weights), so a rank's pace is
+            # the mean of the two, and the heavy last stage (output head, MTP) is shared with the first.
+            n = len(per)
+            per = [tuple((a + b) / 2 for a, b in zip(per[r], per[n - 1 - r])) for r in range(n)]
         j = max(range(len(per)), key=lambda i: per[i][0])
         mb, comp, tp, cp, ep, ep_hidden = per[j]
         bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb

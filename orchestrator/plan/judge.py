@@ -47,7 +47,7 @@ MODEL_LIMITS: dict[str, tuple[float, float]] = {
     "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
     "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
     "stack.ep_comm_sm_fraction": (0.0, 0.9), "stack.grad_reduce_bytes": (0.0, 16.0),
-    "training.recompute_layers": (0, 4096),
+    "training.recompute_layers": (0, 4096), "training.mtp_depth": (0, 16),
 }
 
 
@@ -122,7 +122,7 @@ def memory_only(spec: Config, mm: ModelMath | None = None) -> Memory | None:
     mm = mm or ModelMath(spec.model)
     tr = spec.training
     stages = build_stages(mm, layout, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops,
-                          spec.stack.selective, tr.recompute_layers)
+                          spec.stack.selective, tr.recompute_layers, tr.mtp_depth)
     return inventory(stages, layout, spec.hardware, tr, mm.V, spec)
 
 

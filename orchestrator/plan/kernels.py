@@ -267,13 +267,14 @@ def stage_features(st, mm: ModelMath, s: Shape) -> Features:
 
 
 def _stage(st, mm: ModelMath, s: Shape) -> Features:
+    mtp = getattr(st, "mtp", 0)
     moe_n = st.moe_layers
-    dense_n = len(st.layers) - moe_n
+    dense_n = len(st.layers) + mtp - moe_n
     out = Features()
     if dense_n:
         out += layer_features(mm, False, s).scale(dense_n)
     if moe_n:
         out += layer_features(mm, True, s).scale(moe_n)
     if st.outputs:
-        out += output_features(mm, s)
+        out += output_features(mm, s).scale(1 + mtp)  # the MTP modules share the output head
     return out

@@ -104,7 +104,7 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     tr, hw = spec.training, spec.hardware
     plan.params, plan.active_params = mm.total_params, mm.active_params
     stages = build_stages(mm, layout, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops,
-                          spec.stack.selective, tr.recompute_layers)
+                          spec.stack.selective, tr.recompute_layers, tr.mtp_depth)
     axes = axis_traffic(stages, layout, mm, tr, hw, spec.layout.sequence_parallel, spec)
     order = order_override or layout.order or auto_order(axes, layout)
     tiers = _place(axes, layout, order, spec)
