@@ -1,5 +1,6 @@
 """layout=auto speed: median time of the search for the 16,384-GPU Llama 3 405B stage
-(and the 8,192-GPU one), in process, after composing the config once.
+(and the 8,192-GPU one, Megatron's 1T, DeepSeek-V3 with its expert degrees and DualPipe),
+in process, after composing the config once.
 
 Run: .venv/bin/python benchmarks/search_speed.py
 """
@@ -17,7 +18,7 @@ def main() -> None:
     from orchestrator import compose, make_plan
 
     for recipe, gpus in (("llama3_405b_16k", 16384), ("llama3_405b", 8192), ("llama3_405b_long_context", 16384),
-                         ("megatron_1t", 3072)):
+                         ("megatron_1t", 3072), ("deepseek_v3", 2048)):
         cfg = compose([f"recipe={recipe}", "layout=auto"])
         times = []
         for _ in range(5):

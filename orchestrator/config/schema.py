@@ -86,9 +86,14 @@ class HardwareConfig:
     intra_node_latency_us: float = 3.0
     inter_node_latency_us: float = 10.0
     tiers: List[TierConfig] = field(default_factory=list)
-    # Fraction of the roofline the kernels reach (fitted on published runs, see
-    # orchestrator/plan/calibrate.py). MFU ~ useful fraction x kernel efficiency.
+    # cost.kernel_model=constant (the planner's first model): the one fraction of the roofline
+    # every kernel reaches, MFU ~ useful fraction x kernel efficiency (fitted on calibration.csv).
     kernel_efficiency: float = 0.6
+    # cost.kernel_model=shape: the fraction of peak that large bf16 GEMMs reach on this GPU
+    # (the shape-aware kernel model's ceiling; fitted per GPU generation on published runs).
+    gemm_efficiency: float = 0.75
+    # Dense FP8 tensor-core peak per GPU; None = twice peak_tflops (Hopper, Blackwell).
+    peak_fp8_tflops: Optional[float] = None
     # Memory the framework cannot use: CUDA context, NCCL buffers, fragmentation.
     reserve_gb: float = 4.0
     # Failure model for the blast-radius report (Llama 3: 419 unexpected
@@ -108,6 +113,16 @@ class ClusterConfig:
 class PipelineRules(str, Enum):
     torch = "torch"  # torch.distributed.pipelining's checks (Schedule1F1B raises below pp micro-batches)
     megatron = "megatron"  # Megatron-Core's (1F1B caps its warm-up and runs; interleaving needs m % pp == 0)
+
+
+class DPWindow(str, Enum):
+    step = "step"  # dp_overlap x the step's compute (this runtime's first model)
+    microbatch = "microbatch"  # the last micro-batch's backward and the next step's first forward
+
+
+class KernelModel(str, Enum):
+    constant = "constant"  # one hardware.kernel_efficiency for everything (the planner's first model)
+    shape = "shape"  # per-GEMM roofline at the per-GPU shapes, memory-bound work, attention, overheads
 
 
 class Selective(str, Enum):
@@ -131,8 +146,25 @@ class StackConfig:
     dp_first_gather_exposed: bool = True  # the step's first weight all-gather cannot hide (ZeRO-3/FSDP)
     tp_overlap: float = 0.0  # fraction of tensor-parallel communication hidden behind GEMMs
     ep_overlap: float = 0.0  # fraction of the expert all-to-all hidden (besides DualPipe's own overlap)
+    # Share of the GPU's SMs the overlapped all-to-all kernels take from the computation while
+    # they run (DeepSeek-V3: 20 of 132 SMs, Sec. 3.2.2); the hidden communication slows the
+    # compute it hides behind by this share.
+    ep_comm_sm_fraction: float = 0.0
     selective: Selective = Selective.orchestrator
     pipeline_rules: PipelineRules = PipelineRules.torch
+    # When data-parallel traffic can hide. `step`: behind dp_overlap x the step's whole compute
+    # (this runtime's first model). `microbatch`: gradients are final only in the last
+    # micro-batch, so their reduction hides behind that micro-batch's backward (model chunk by
+    # model chunk when interleaved) and the weight all-gather behind the next step's first
+    # forward (Megatron-Core's --overlap-grad-reduce/--overlap-param-gather, FSDP with
+    # gradient accumulation); dp_overlap then says how much of that window it uses.
+    dp_window: DPWindow = DPWindow.step
+    # Bytes per gradient element in the data-parallel reduction; None = grad_bytes
+    # (Megatron-LM reduces bf16 runs' gradients in fp32; Llama 3 reduce-scatters in fp32).
+    grad_reduce_bytes: Optional[float] = None
+    # Parallel transformer block (attention and MLP side by side, GPT-J/PaLM/MegaScale): one
+    # tensor-parallel collective per block and direction instead of two.
+    parallel_block: bool = False
 
 
 @dataclass
@@ -153,6 +185,12 @@ class MoEConfig:
     expert_ffn_hidden: int = 0
     shared_experts: int = 0
     dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
+    # Tokens on the busiest expert rank over the mean (0 = perfectly balanced, as force-balanced
+    # benchmarks run): expert GEMMs and the all-to-all run at the busiest rank's pace.
+    load_imbalance: float = 0.1
+    # Node-limited routing (DeepSeek-V3: each token to experts on at most 4 nodes, sent once
+    # per node over the network and forwarded over NVLink); 0 = no limit.
+    max_nodes_per_token: int = 0
 
 
 @dataclass
@@ -207,6 +245,14 @@ class TrainingConfig:
     micro_batch: int = 1
     steps: int = 100
     recompute: Recompute = Recompute.none
+    # With recompute=full: recompute only this many layers of each model chunk, the rest keep
+    # their activations (Megatron's --recompute-method block --recompute-num-layers N);
+    # None = every layer.
+    recompute_layers: Optional[int] = None
+    # Multi-token prediction modules trained beside the model (DeepSeek-V3: 1): each one more
+    # block, a projection and the shared output head on the last stage; their FLOPs are hardware
+    # FLOPs, not model FLOPs (the published MFU counts the main model).
+    mtp_depth: int = 0
     precision: Precision = Precision.bf16
     optimizer_bytes: float = 12.0  # per parameter: fp32 master + Adam m, v (DeepSeek-V3: 8, bf16 moments)
     seed: int = 0
@@ -252,6 +298,13 @@ class CostConfig:
     # Count attention's own FLOPs (causal, as a flash kernel computes them). The
     # seed's worked example counts only 6 * N * tokens: set false to reproduce it.
     attention_flops: bool = True
+    kernel_model: KernelModel = KernelModel.shape
+    # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
+    # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
+    elementwise: float = 0.79  # weight of the memory-bound work (norms, activations, casts, softmax)
+    attention_efficiency: float = 0.577  # fraction of the bf16 peak flash attention's forward reaches
+    fp8_gemm_efficiency: float = 1.0  # FP8 GEMMs' ceiling relative to the bf16 one (power, scaling)
+    launch_overhead_us: float = 17.979  # host time per kernel launch the GPU waits for (small kernels)
 
 
 @dataclass

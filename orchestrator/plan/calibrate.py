@@ -1,42 +1,66 @@
 """Calibration against published runs, and refitting from a site's own runs.
 
-The model has one fitted number per hardware: `kernel_efficiency`, the fraction
-of the roofline its kernels reach. MFU = useful fraction x kernel efficiency
-(seed 1) and the useful fraction does not depend on the efficiency, so the
-least-squares fit is closed-form: eff = sum(u_i y_i) / sum(u_i^2), where u_i is
-a row's predicted MFU at efficiency 1 and y_i its published figure (in the
-metric the source uses: Megatron 2021's "% of peak" counts recompute FLOPs, so
-it is compared with HFU; Llama 3 reports model-FLOP MFU).
+Every published run in `published/runs.csv` (calibration.csv's rows and the ones found
+since, each with its source and a `family` per source) is planned from its own columns
+by fixed rules: the stack and fabric its authors used, the model's shape, the layout,
+the precision, and recompute as stated (or the least that fits where it is not stated,
+since the run ran). No per-row constants.
 
-Every row is planned from its own columns by fixed rules (no per-row
-constants): GPT rows use GeLU, tied embeddings, dropout and no flash
-attention (2021); interleaved schedules use one layer per virtual stage on the
-smallest stage (capped at 8) because the sources do not give V; an uneven
-split gives the first and last stage one layer fewer when the layers do not
-divide (Llama 3, Sec. 3.3.2).
+The truth of a row is its throughput, from whatever the source prints: tokens per second,
+the iteration time, or TFLOP/s / MFU / HFU in the source's own FLOP convention (Megatron
+2021's HFU, Megatron's and MegaScale's MFU, Megatron-Core r0.8.0's and NeMo 24.07's
+non-causal counts; each checked against a row that prints two of them). Errors are in MFU
+points in this planner's convention (6N + causal attention, against the dense bf16 peak),
+so every source is judged on the same scale.
+
+The shape-aware kernel model (plan/kernels.py) has seven fitted numbers: the GEMM ceiling
+of each GPU generation (Ampere, Hopper, Blackwell) and four shared by every GPU. They are
+fitted by Levenberg-Marquardt on the MFU residuals of the `use=fit` rows, each step
+re-planning the rows (the step's overlaps depend on the compute time, so the fit goes
+through the planner, not around it). `loso` refits without one source family and predicts
+it: the error that says how the planner does on runs nobody fitted on.
+
+The planner's first model (one `hardware.kernel_efficiency` per GPU, this runtime's stack
+for every run, calibration.csv's old mapping) is kept as `legacy` for the before/after table.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.plan.validate import uneven_split
 
-CALIBRATION_CSV = Path(__file__).resolve().parents[2] / "published" / "calibration.csv"
-HARDWARE = {"A100": "a100_80gb", "H100": "h100_sxm", "H800": "h800"}
+ROOT = Path(__file__).resolve().parents[2]
+RUNS_CSV = ROOT / "published" / "runs.csv"
+CALIBRATION_CSV = ROOT / "published" / "calibration.csv"
+GENERATION = {"a100_80gb": "ampere", "h100_sxm": "hopper", "h800": "hopper", "h200": "hopper",
+              "b200": "blackwell", "gb200": "blackwell", "gb300": "blackwell"}
+SHARED = ("elementwise", "attention_efficiency", "fp8_gemm_efficiency", "launch_overhead_us")
+PARAMS = tuple(f"gemm_efficiency:{g}" for g in ("ampere", "hopper", "blackwell")) + SHARED
+LEGACY_HW = {"A100": "a100_80gb", "H100": "h100_sxm", "H800": "h800"}
 
 
 @dataclass
 class Row:
     name: str
     source: str
+    family: str
+    use: str  # fit | eval
     hardware: str
     overrides: list[str]
-    published: float | None  # fraction
-    metric: str  # mfu | hfu
+    published: float | None  # the printed figure, as a fraction (MFU, HFU, or TFLOP/s / peak)
+    metric: str  # what `published` is: mfu | hfu | tflops
     tflops: float | None
+    truth: str  # which printed figure gives the throughput, and in whose FLOP convention
+    gpus: int
+    tokens: int  # per step
+    recompute: str  # none | selective | full | least (not stated: the least that fits)
+    legacy: list[str] | None  # the planner's first mapping; None where it could not plan the row
+    raw: dict = field(repr=False, default_factory=dict)
     note: str = ""
 
 
@@ -45,102 +69,489 @@ def _int(x: str, default: int | None = None) -> int | None:
     return int(m.group(1)) if m else default
 
 
-def load_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
-    rows = []
+def _float(x: str) -> float | None:
+    m = re.match(r"\s*([0-9.]+)", x or "")
+    return float(m.group(1)) if m else None
+
+
+def load_runs(path: Path = RUNS_CSV) -> list[Row]:
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            rows.append(row_to_overrides(r))
-    return rows
+        return [row_from_csv(r) for r in csv.DictReader(f)]
 
 
-def row_to_overrides(r: dict) -> Row:
-    hw = next(v for k, v in HARDWARE.items() if k in r["gpu_type"])
-    gpn = _int(r["gpus_per_node"], 8)
+def load_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
+    """The rows of `path` (calibration.csv by default), planned as runs.csv describes them."""
+    with open(path, newline="") as f:
+        names = [r["name"] for r in csv.DictReader(f)]
+    runs = {r.name: r for r in load_runs()}
+    return [runs[n] for n in names if n in runs]
+
+
+def _vp(r: dict, layers: int, pp: int, split: list[int] | None) -> int:
+    v = _int(r.get("vp") or r.get("VP") or "")
+    if v:
+        return v
+    sched = r["schedule"].lower()
+    if pp > 1 and ("interleaved" in sched or "not stated" in sched):
+        # The sources do not print V: one layer per chunk on the smallest stage, at most 8.
+        smallest = min(split) if split else layers // pp
+        return max(x for x in range(1, min(smallest, 8) + 1) if split or (layers // pp) % x == 0)
+    return 1
+
+
+def row_from_csv(r: dict) -> Row:
+    hw = r["hardware"]
+    gpus = _int(r["gpu_count"])
     tp, cp, pp = _int(r["TP"], 1), _int(r["CP"], 1), _int(r["PP"], 1)
     dp, ep = _int(r["DP"], 1), _int(r["EP"], 1)
+    layers, seq, gbs = _int(r["layers"]), _int(r["seq_len"]), _int(r["global_batch_seqs"])
+    mbs = _int(r["mbs"], 1)
+    o = [f"hardware={hw}", f"stack={r['stack']}", f"fabric={r['fabric']}", f"training.seq_len={seq}",
+         f"training.global_batch={gbs}", f"training.micro_batch={mbs}", f"layout.tp={tp}", f"layout.cp={cp}",
+         f"layout.pp={pp}", f"layout.dp={dp}", f"layout.ep={ep}", f"layout.zero={_int(r['zero'], 1)}",
+         f"training.flash_attention={'true' if r['flash'] == 'y' else 'false'}",
+         f"layout.sequence_parallel={'true' if r['sp'] == 'y' else 'false'}"]
+    gpn = {"gb200": 4, "gb300": 4}.get(hw, 8)
+    o.append(f"cluster.nodes={gpus // gpn}")
+    if r["model_preset"]:
+        o.append(f"model={r['model_preset']}")
+    else:
+        o += ["model=llama3_8b", f"model.name={re.sub(r'[^A-Za-z0-9_.]+', '_', r['name'])[:60]}",
+              f"model.layers={layers}", f"model.hidden={_int(r['hidden'])}", f"model.heads={_int(r['attn_heads'])}",
+              f"model.kv_heads={_int(r['kv_heads'])}", f"model.vocab={_int(r['vocab'])}", f"model.mlp={r['mlp']}",
+              f"model.tied_embeddings={'true' if r['tied'] == 'y' else 'false'}",
+              f"model.dropout={'true' if r['dropout'] == 'y' else 'false'}"]
+        if r["head_dim"]:
+            o.append(f"model.head_dim={_int(r['head_dim'])}")
+        if r["moe"]:
+            m = re.match(r"(\d+)x(\d+) top(\d+) shared(\d+) dense(\d+)", r["moe"])
+            experts, ffn, k, shared, dense = (int(x) for x in m.groups())
+            o += [f"model.ffn_hidden={ffn}", f"model.moe.experts={experts}", f"model.moe.expert_ffn_hidden={ffn}",
+                  f"model.moe.experts_per_token={k}", f"model.moe.shared_experts={shared}",
+                  f"model.moe.dense_layers={dense}"]
+        else:
+            o.append(f"model.ffn_hidden={_int(r['ffn_hidden'])}")
+    moe = bool(r["moe"] or r["model_preset"] == "deepseek_v3")
+    if moe:
+        o += ["layout.etp=1", f"model.moe.load_imbalance={_float(r['imbalance']) or 0.0}",
+              f"model.moe.max_nodes_per_token={_int(r['max_nodes'], 0)}"]
+    if r["recompute"] != "least":
+        o.append(f"training.recompute={r['recompute']}")
+    if _int(r.get("mtp", "")):
+        o.append(f"training.mtp_depth={_int(r['mtp'])}")
+    fp8 = "fp8" in r["precision"].lower()
+    o.append(f"training.precision={'fp8' if fp8 else 'bf16'}")
+    if r["model_preset"] == "deepseek_v3" and r["family"] == "deepseek_v3":
+        o.append("training.optimizer_bytes=8")
+    if r["nvlink_domain"]:
+        o.append(f"fabric.nvlink_domain={_int(r['nvlink_domain'])}")
+    if r["inter_node_gbps"]:
+        o.append(f"hardware.inter_node_gbps={_float(r['inter_node_gbps'])}")
+    split = uneven_split(layers, pp) if pp > 1 and layers % pp else None
+    if split:
+        o.append(f"layout.stage_layers=[{','.join(map(str, split))}]")
+    sched = r["schedule"].lower()
+    if "dualpipe" in sched:
+        o.append("schedule=dualpipe")
+    else:
+        v = _vp(r, layers, pp, split)
+        o += ([f"schedule=interleaved_1f1b", f"layout.vp={v}"] if pp > 1 and v > 1 else ["schedule=1f1b"])
+    mfu, hfu, tf = r["mfu_pct_published"], r["hfu_pct_published"], _float(r["tflops_per_gpu"])
+    peak = _float(r["peak_tflops_for_mfu"]) or None
+    if r["truth"].startswith("hfu"):
+        published, metric = float(hfu or mfu) / 100, "hfu"
+    elif mfu:
+        published, metric = float(mfu) / 100, "mfu"
+    elif r["truth"].startswith("mfu_inferred"):
+        published, metric = float(r["truth"].split(":")[1]) / 100, "mfu"
+    elif tf and peak:
+        published, metric = tf / peak, "tflops"
+    else:
+        published, metric = None, "mfu"
+    return Row(r["name"], r["source"], r["family"], r["use"], hw, o, published, metric, tf, r["truth"], gpus,
+               gbs * seq, r["recompute"], _legacy(r), raw=r, note=r["planner_notes"])
+
+
+def _legacy(r: dict) -> list[str] | None:
+    """The planner's first mapping of a row (calibration.csv's rules before stacks and fabrics):
+    None where it could not plan it (no preset for the GPU; mixtures of experts other than
+    DeepSeek-V3 were planned as DeepSeek-V3)."""
+    hw = next((v for k, v in LEGACY_HW.items() if k in r["gpu_type"]), None)
+    if hw is None or (r["moe"] and r["family"] != "deepseek_v3"):
+        return None
     gpt = "GPT" in r["model_family"]
     moe = "MoE" in r["model_family"]
-    layers = _int(r["layers"])
-    o = [f"hardware={hw}", f"hardware.gpus_per_node={gpn}", f"cluster.nodes={_int(r['gpu_count']) // gpn}",
-         f"training.seq_len={_int(r['seq_len'])}", f"training.global_batch={_int(r['global_batch_seqs'])}",
-         f"training.micro_batch={_int(r['micro_batch'], 1)}",
-         f"layout.tp={tp}", f"layout.cp={cp}", f"layout.pp={pp}", f"layout.dp={dp}", f"layout.ep={ep}"]
+    if moe and r["model_preset"] != "deepseek_v3":
+        return None
+    layers, pp = _int(r["layers"]), _int(r["PP"], 1)
+    o = [f"hardware={hw}", "stack=orchestrator", "fabric=fat_tree", "cost.kernel_model=constant",
+         f"cluster.nodes={_int(r['gpu_count']) // 8}", f"training.seq_len={_int(r['seq_len'])}",
+         f"training.global_batch={_int(r['global_batch_seqs'])}", f"training.micro_batch={_int(r['micro_batch'], 1)}",
+         f"layout.tp={_int(r['TP'], 1)}", f"layout.cp={_int(r['CP'], 1)}", f"layout.pp={pp}",
+         f"layout.dp={_int(r['DP'], 1)}", f"layout.ep={_int(r['EP'], 1)}"]
     if moe:
-        o += ["model=deepseek_v3"]
+        o.append("model=deepseek_v3")
     else:
         o += ["model=llama3_405b" if not gpt else "model=gpt_1t",
-              f"model.name={re.sub(r'[^A-Za-z0-9_.]+', '_', r['name'])[:60]}",
-              f"model.layers={layers}", f"model.hidden={_int(r['hidden'])}",
-              f"model.ffn_hidden={_int(r['ffn_hidden'])}", f"model.heads={_int(r['attn_heads'])}",
-              f"model.kv_heads={_int(r['kv_heads'])}", f"model.vocab={_int(r['vocab'])}"]
+              f"model.name={re.sub(r'[^A-Za-z0-9_.]+', '_', r['name'])[:60]}", f"model.layers={layers}",
+              f"model.hidden={_int(r['hidden'])}", f"model.ffn_hidden={_int(r['ffn_hidden'])}",
+              f"model.heads={_int(r['attn_heads'])}", f"model.kv_heads={_int(r['kv_heads'])}",
+              f"model.vocab={_int(r['vocab'])}"]
     rec = r["act_recompute"].lower()
     o.append("training.recompute=" + ("full" if rec.startswith("full") else
                                       "selective" if rec.startswith("selective") else "none"))
-    if gpt:  # Megatron 2021: DDP gradients, no flash attention
+    if gpt:
         o += ["layout.zero=0", "training.flash_attention=false"]
     elif moe:
         o += ["layout.zero=1", "training.precision=fp8", "training.optimizer_bytes=8"]
-    else:  # Llama 3 on Meta's cluster (Sec. 3.3)
+    else:
         o += ["layout.zero=2", "fabric=llama3_meta"]
+    split = uneven_split(layers, pp) if pp > 1 and layers % pp else None
+    if split:
+        o.append(f"layout.stage_layers=[{','.join(map(str, split))}]")
     sched = r["schedule"].lower()
-    stage_layers = None
-    if pp > 1 and layers % pp:
-        stage_layers = uneven_split(layers, pp)
-        if stage_layers:
-            o.append(f"layout.stage_layers=[{','.join(map(str, stage_layers))}]")
     if "dualpipe" in sched:
         o.append("schedule=dualpipe")
-        if stage_layers is None and layers % pp:
-            pass
     elif "interleaved" in sched and pp > 1:
-        smallest = min(stage_layers) if stage_layers else layers // pp
-        v = max(x for x in range(1, min(smallest, 8) + 1) if stage_layers or (layers // pp) % x == 0)
+        smallest = min(split) if split else layers // pp
+        v = max(x for x in range(1, min(smallest, 8) + 1) if split or (layers // pp) % x == 0)
         o += ["schedule=interleaved_1f1b", f"layout.vp={v}"]
     else:
         o.append("schedule=1f1b")
-    mfu, hfu = r["mfu_pct_published"], r["hfu_pct_published"]
-    metric = "hfu" if gpt else "mfu"
-    val = float(mfu) / 100 if mfu else (float(hfu) / 100 if hfu else None)
-    tflops = float(r["tflops_per_gpu"]) if r["tflops_per_gpu"] else None
-    return Row(r["name"], r["source"], hw, o, val, metric, tflops, r["notes"])
+    return o
 
+
+# ---- the sources' FLOP conventions (per step) --------------------------------------------------
+
+def source_flops(r: dict, convention: str) -> float:
+    B, s, L, h = (_int(r[k]) for k in ("global_batch_seqs", "seq_len", "layers", "hidden"))
+    V, H = _int(r["vocab"]), _int(r["attn_heads"])
+    kv = _int(r["kv_heads"], H) or H
+    f = _int(r["ffn_hidden"], 4 * h) or 4 * h
+    if convention == "megatron_2021":  # Narayanan et al. 2021, Eq. 3: hardware FLOPs with recompute
+        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    if convention == "megatron_mfu":  # Korthikanti et al. 2022, MegaScale: model FLOPs
+        return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    if convention == "megatron_core_r080":  # megatron/training/training.py num_floating_point_operations
+        return 12 * B * s * L * h * h * (1 + f / h + kv / H + s / h + V / (2 * L * h))
+    if convention == "nemo_noncausal":  # NeMo 24.0x flops_formulas.llama2 (checked on the 24.07 rows)
+        return B * s * L * h * h * (12 + 12 * kv / H + 18 * f / h + 12 * s / h + 6 * V / (L * h))
+    raise ValueError(f"unknown FLOP convention {convention!r}")
+
+
+def true_step_s(row: Row, plan) -> float | None:
+    """The run's step time from what its source prints."""
+    r, truth = row.raw, row.truth
+    kind, _, conv = truth.partition(":")
+    peak = _float(r["peak_tflops_for_mfu"]) or plan.spec.hardware.peak_tflops
+    if kind == "tokens_per_s_per_gpu":
+        return row.tokens / (float(r["tokens_per_s_per_gpu"]) * row.gpus)
+    if kind == "iter_time_s":
+        return float(r["iter_time_s"])
+    if kind == "tflops_per_gpu":
+        return source_flops(r, conv) / (float(r["tflops_per_gpu"]) * 1e12 * row.gpus)
+    if kind in ("hfu_pct_published", "mfu_pct_published", "mfu_inferred"):
+        frac = row.published
+        own = kind == "mfu_inferred" or conv in ("planner", "")
+        flops = plan.model_flops_per_step if own else source_flops(r, conv)
+        return flops / (frac * peak * 1e12 * row.gpus)
+    return None
+
+
+# ---- planning the rows -------------------------------------------------------------------------
 
 @dataclass
 class Prediction:
     row: Row
     plan: object
-    predicted: float | None  # in the row's metric
-    unit_efficiency: float | None  # the same at kernel efficiency 1
+    predicted: float | None  # MFU, this planner's convention
+    truth: float | None  # the run's MFU in the same convention (from its printed throughput)
+    step_s: float | None = None  # the run's step time
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted is None or self.truth is None else self.predicted - self.truth
 
 
-def predict(rows: list[Row], efficiency: dict[str, float] | None = None) -> list[Prediction]:
-    from orchestrator.config.compose import compose
-    from orchestrator.plan import make_plan
+_SPECS: dict[tuple, object] = {}
+_BASES: dict[tuple, object] = {}
+_MM: dict[str, object] = {}
 
-    out = []
-    for row in rows:
-        extra = [f"hardware.kernel_efficiency={efficiency[row.hardware]}"] if efficiency and row.hardware in efficiency else []
-        plan = make_plan(compose(row.overrides + extra))
-        if plan.step is None:
-            out.append(Prediction(row, plan, None, None))
-            continue
-        value = plan.hfu if row.metric == "hfu" else plan.mfu
-        eff = plan.spec.hardware.kernel_efficiency
-        out.append(Prediction(row, plan, value, value / eff))
+
+def _compose(overrides: list[str]):
+    """Hydra composes the config groups (once per combination); the dotted keys are set on a
+    copy, as Hydra would, without composing again (ninety rows compose in seconds)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.compose import compose, typed
+
+    groups = tuple(o for o in overrides if "." not in o.split("=", 1)[0])
+    if groups not in _BASES:
+        _BASES[groups] = compose(list(groups))
+    cfg = _BASES[groups].copy()
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if "." in key:
+            OmegaConf.update(cfg, key, yaml.safe_load(value), merge=False)
+    return typed(cfg)
+
+
+def row_spec(row: Row, legacy: bool = False):
+    """The typed config of a row (composed once), with the recompute the run needs."""
+    from orchestrator.config.schema import Recompute
+    from orchestrator.plan.judge import memory_only
+
+    key = (row.name, legacy)
+    if key in _SPECS:
+        return _SPECS[key]
+    overrides = row.legacy if legacy else row.overrides
+    if overrides is None:
+        return None
+    spec = _compose(list(overrides))
+    if not legacy and row.recompute == "least":
+        spec = least_recompute(spec)
+    elif not legacy:
+        spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training,
+                                                                      recompute=Recompute(row.recompute)))
+    _SPECS[key] = spec
+    return spec
+
+
+def least_recompute(spec):
+    """A run that does not say how it recomputes did the least that fits: none, selective,
+    then whole layers of each model chunk (Megatron's block method), then every layer."""
+    from orchestrator.config.schema import Recompute
+    from orchestrator.plan.judge import memory_only
+
+    def fits(rec, layers=None):
+        alt = dataclasses.replace(spec, training=dataclasses.replace(spec.training, recompute=Recompute(rec),
+                                                                     recompute_layers=layers))
+        mem = memory_only(alt)
+        return alt if mem is not None and mem.fits else None
+
+    for rec in ("none", "selective"):
+        alt = fits(rec)
+        if alt is not None:
+            return alt
+    layout_spec = spec.layout
+    chunk = -(-spec.model.layers // max(layout_spec.pp * max(layout_spec.vp, 1), 1))
+    lo, hi = 1, chunk  # the fewest recomputed layers per chunk that fit (memory falls with more)
+    if fits("full", hi) is None:
+        return dataclasses.replace(spec, training=dataclasses.replace(spec.training, recompute=Recompute.full))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits("full", mid) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return fits("full", lo)
+
+
+def _model_math(spec):
+    from orchestrator.plan.model import ModelMath
+
+    key = repr(spec.model)
+    if key not in _MM:
+        _MM[key] = ModelMath(spec.model)
+    return _MM[key]
+
+
+def with_params(spec, params: dict | None):
+    if not params:
+        return spec
+    gen = GENERATION.get(spec.hardware.name)
+    hw = spec.hardware
+    if gen and f"gemm_efficiency:{gen}" in params:
+        hw = dataclasses.replace(hw, gemm_efficiency=params[f"gemm_efficiency:{gen}"])
+    if "kernel_efficiency" in params:
+        hw = dataclasses.replace(hw, kernel_efficiency=params["kernel_efficiency"])
+    cost = dataclasses.replace(spec.cost, **{k: params[k] for k in SHARED if k in params})
+    return dataclasses.replace(spec, hardware=hw, cost=cost)
+
+
+def predict_one(row: Row, params: dict | None = None, legacy: bool = False) -> Prediction:
+    from orchestrator.plan.plan import plan_spec
+
+    spec = row_spec(row, legacy)
+    if spec is None:
+        return Prediction(row, None, None, None)
+    plan = plan_spec(with_params(spec, params), mm=_model_math(spec))
+    if plan.step is None:
+        return Prediction(row, plan, None, None)
+    step = true_step_s(row, plan)
+    truth = (plan.model_flops_per_step / (plan.world_size * plan.spec.hardware.peak_tflops * 1e12 * step)
+             if step else None)
+    return Prediction(row, plan, plan.mfu, truth, step)
+
+
+def predict(rows: list[Row], params: dict | None = None, legacy: bool = False) -> list[Prediction]:
+    return [predict_one(r, params, legacy) for r in rows]
+
+
+def current_params() -> dict:
+    """The fitted numbers as the presets and the schema hold them."""
+    from orchestrator.config.compose import compose, typed
+
+    out = {}
+    for gen, hw in (("ampere", "a100_80gb"), ("hopper", "h100_sxm"), ("blackwell", "b200")):
+        out[f"gemm_efficiency:{gen}"] = typed(compose([f"hardware={hw}"])).hardware.gemm_efficiency
+    cost = typed(compose([])).cost
+    out.update({k: getattr(cost, k) for k in SHARED})
     return out
 
 
-def fit(predictions: list[Prediction]) -> dict[str, float]:
-    """Least-squares kernel efficiency per hardware from the rows with a published figure."""
+# ---- fitting -------------------------------------------------------------------------------------
+
+BOUNDS = {"gemm_efficiency": (0.2, 1.0), "elementwise": (0.0, 20.0),
+          "attention_efficiency": (0.1, 1.0), "fp8_gemm_efficiency": (0.3, 1.0), "launch_overhead_us": (0.0, 2000.0)}
+
+
+def _bounded(name: str, v: float) -> float:
+    lo, hi = BOUNDS[name.split(":")[0]]
+    return min(max(v, lo), hi)
+
+
+def fit(rows: list[Row], start: dict | None = None, iterations: int = 8, verbose: bool = False) -> dict:
+    """Levenberg-Marquardt on the MFU residuals of the rows (log-parameters, numeric
+    Jacobian through the planner). Parameters no row informs keep their start value."""
+    import numpy as np
+
+    rows = [r for r in rows if r.use == "fit"]
+    params = dict(start or current_params())
+    gens = {GENERATION.get(r.hardware) for r in rows}
+    names = [p for p in PARAMS if not p.startswith("gemm_efficiency:") or p.split(":")[1] in gens]
+    if not any("fp8" in " ".join(r.overrides) for r in rows):
+        names = [p for p in names if p != "fp8_gemm_efficiency"]
+    off = {"launch_overhead_us": 1.0, "elementwise": 0.05}  # log(x + off): zero allowed
+
+    def to_x(p):
+        return np.array([math.log(p[n] + off.get(n, 0.0)) for n in names])
+
+    def from_x(x):
+        p = dict(params)
+        for n, v in zip(names, x):
+            p[n] = _bounded(n, math.exp(v) - off.get(n, 0.0))
+        return p
+
+    def residuals(p):
+        out = []
+        for r in rows:
+            pr = predict_one(r, p)
+            out.append(pr.error if pr.error is not None else 0.0)
+        return np.array(out)
+
+    x = to_x(params)
+    res = residuals(params)
+    lam = 1e-2
+    for it in range(iterations):
+        J = np.zeros((len(rows), len(names)))
+        for k in range(len(names)):
+            step = 0.02
+            xk = x.copy()
+            xk[k] += step
+            J[:, k] = (residuals(from_x(xk)) - res) / step
+        A = J.T @ J
+        g = J.T @ res
+        improved = False
+        for _ in range(6):
+            dx = -np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-9), g)
+            cand = x + np.clip(dx, -1.0, 1.0)
+            new = residuals(from_x(cand))
+            if new @ new < res @ res:
+                x, res, lam, improved = to_x(from_x(cand)), new, lam / 3, True
+                break
+            lam *= 4
+        if verbose:
+            print(f"  iteration {it}: MAE {100 * np.mean(np.abs(res)):.2f} points, lambda {lam:.2g}")
+        if not improved or lam > 1e6:
+            break
+    return from_x(x)
+
+
+def fit_legacy(preds: list[Prediction]) -> dict[str, float]:
+    """The first model's fit: one kernel efficiency per GPU type, closed-form least squares."""
     num: dict[str, float] = {}
     den: dict[str, float] = {}
-    for p in predictions:
-        if p.row.published is None or p.unit_efficiency is None:
+    for p in preds:
+        if p.row.use != "fit" or p.truth is None or p.predicted is None:
             continue
-        hw = p.row.hardware
-        num[hw] = num.get(hw, 0.0) + p.unit_efficiency * p.row.published
-        den[hw] = den.get(hw, 0.0) + p.unit_efficiency ** 2
+        hw = p.plan.spec.hardware.name
+        u = p.predicted / p.plan.spec.hardware.kernel_efficiency
+        num[hw] = num.get(hw, 0.0) + u * p.truth
+        den[hw] = den.get(hw, 0.0) + u * u
     return {hw: num[hw] / den[hw] for hw in num}
+
+
+def legacy_predictions(rows: list[Row], eff: dict[str, float]) -> list[Prediction]:
+    out = []
+    for r in rows:
+        spec = row_spec(r, legacy=True)
+        hw = spec.hardware.name if spec is not None else None
+        out.append(predict_one(r, {"kernel_efficiency": eff[hw]} if hw in eff else None, legacy=True))
+    return out
+
+
+def _prior(train: list[Row], params: dict) -> dict:
+    """Start values for a fold: the full fit's, except a GPU generation no training row runs
+    on, which gets the mean ceiling of the generations that have rows (no peeking)."""
+    gens = {GENERATION.get(r.hardware) for r in train if r.use == "fit"}
+    seen = [params[f"gemm_efficiency:{g}"] for g in ("ampere", "hopper", "blackwell") if g in gens]
+    out = dict(params)
+    for g in ("ampere", "hopper", "blackwell"):
+        if g not in gens and seen:
+            out[f"gemm_efficiency:{g}"] = sum(seen) / len(seen)
+    return out
+
+
+def loso(rows: list[Row], params: dict, iterations: int = 3) -> dict[str, list[Prediction]]:
+    """Leave one source out: refit without each family, predict its rows."""
+    out = {}
+    for fam in sorted({r.family for r in rows}):
+        train = [r for r in rows if r.family != fam]
+        p = fit(train, start=_prior(train, params), iterations=iterations)
+        out[fam] = [predict_one(r, p) for r in rows if r.family == fam]
+    return out
+
+
+def loso_legacy(rows: list[Row]) -> dict[str, list[Prediction]]:
+    """The first model's leave-one-source-out: its per-GPU efficiency refitted without the
+    family (the preset's value where no other row runs on that GPU)."""
+    base = legacy_predictions(rows, {})
+    out = {}
+    for fam in sorted({r.family for r in rows}):
+        eff = fit_legacy([p for p in base if p.row.family != fam])
+        out[fam] = legacy_predictions([r for r in rows if r.family == fam], eff)
+    return out
+
+
+# The first model's presets as shipped (fitted on calibration.csv's rows).
+SHIPPED_EFFICIENCY = {"a100_80gb": 0.631, "h100_sxm": 0.600, "h800": 0.600}
+
+
+@dataclass
+class Evaluation:
+    params: dict
+    after: list[Prediction]  # in sample (the fit on every `use=fit` row)
+    before: list[Prediction]  # the first model refitted on every row it can plan
+    legacy_efficiency: dict
+    shipped: list[Prediction] = field(default_factory=list)  # the first model as shipped
+    after_loso: dict[str, list[Prediction]] = field(default_factory=dict)
+    before_loso: dict[str, list[Prediction]] = field(default_factory=dict)
+
+
+def evaluate(rows: list[Row] | None = None, refit: bool = True, loso_folds: bool = True,
+             iterations: int = 8) -> Evaluation:
+    """Before (the first model) and after (this one), in sample and leave-one-source-out."""
+    rows = rows if rows is not None else load_runs()
+    params = fit(rows, iterations=iterations) if refit else current_params()
+    eff = fit_legacy(legacy_predictions(rows, {}))
+    ev = Evaluation(params, predict(rows, params), legacy_predictions(rows, eff), eff,
+                    legacy_predictions(rows, SHIPPED_EFFICIENCY))
+    if loso_folds:
+        ev.after_loso = loso(rows, params)
+        ev.before_loso = loso_legacy(rows)
+    return ev
 
 
 def fit_measured(pairs: list[tuple[float, float]]) -> float:

@@ -1,38 +1,50 @@
-"""Step-time model (seed 1): arithmetic at peak, TP collectives fully exposed, a
-bubble of (p-1)/m, point-to-point sends between stages, and FSDP traffic hidden
-behind backward except what sticks out. Each axis is costed on the tier its
-groups actually span, so a bad rank order shows up as a slower step.
+"""Step-time model (seed 1): arithmetic, TP collectives, a bubble of (p-1)/m, point-to-point
+sends between stages, data-parallel traffic hidden behind compute except what sticks out,
+read as the software stack (`stack`) runs it, on the network the fabric (`fabric`) builds.
+Each axis is costed on the tier its groups actually span, so a bad rank order shows up as
+a slower step.
 
 Per micro-batch on the slowest stage (the pipeline runs at its pace):
-- compute: hardware FLOPs per token x s/cp x b tokens / tp / peak
-- TP: 4 collectives per layer (2 forward, 2 backward; 6 with full recompute),
-  each moving 2(t-1)/t x (s/cp) b h x 2 bytes (all-reduce, or AG + RS with SP)
-- CP (Llama 3's all-gather CP): K and V all-gathered forward, reduce-scattered
-  backward, (c-1)/c x s b x KV width x 2 bytes each
-- EP: all-to-all dispatch and combine, forward and backward, (e-1)/e of the
-  routed tokens' hidden states
+- compute: at peak for the roofline budget (`total_s`, seed 1's figures); at the kernels'
+  speed for the predicted step (`wall_s`): the shape-aware kernel model (plan/kernels.py,
+  cost.kernel_model=shape) or one kernel efficiency (cost.kernel_model=constant: the
+  planner's first model, wall = total / hardware.kernel_efficiency)
+- TP: 4 collectives per layer (2 forward, 2 backward; 6 with full recompute; half with a
+  parallel block), each moving 2(t-1)/t x (s/cp) b h x 2 bytes (all-reduce, or AG + RS with
+  SP); `stack.tp_overlap` of it hides behind the GEMMs (Transformer Engine, async TP)
+- CP (Llama 3's all-gather CP): K and V all-gathered forward, reduce-scattered backward,
+  (c-1)/c x s b x KV width x 2 bytes each
+- EP: all-to-all dispatch and combine, forward and backward, of the routed copies that
+  leave the GPU, split into the copies that stay in the NVLink domain and those that cross
+  the network (node-limited routing sends a token once per remote node, DeepSeek-V3);
+  the two run side by side. FP8 runs dispatch in FP8. DualPipe (schedule.overlaps_ep)
+  hides it behind the other micro-batch's compute, `stack.ep_overlap` hides a fraction.
 Per step: m x the above; the bubble is the schedule's (config/schedules.py) in
-micro-batches of the slowest stage: (p-1)/vp for 1F1B and GPipe (as a fraction of
-the step, GPipe's (p-1)/(m+p-1), seed 2), a third of that for zero-bubble (ZB-H1),
-half for DualPipe; P2P = the sends on the critical path of fill and drain,
-2 (p x chunks - 1) (steady-state sends overlap); DP = weight all-gathers and
-gradient reduce-scatters once per step (dense weights over dp x cp, experts over
-edp), hidden behind the step's backward (2/3 of its compute) except the first gather.
-
-`total_s` is the roofline budget. The kernels reach `kernel_efficiency` of it,
-so the predicted wall-clock step is total_s / kernel_efficiency and
-MFU = useful fraction x kernel efficiency (seed 1).
+micro-batches of the slowest stage; P2P = the sends on the critical path of fill and
+drain, 2 (p x chunks - 1); DP = weight all-gathers and gradient reduce-scatters (or an
+all-reduce without sharding) once per step, dense weights over dp x cp, experts over edp,
+gradients in `stack.grad_reduce_bytes` (or grad_bytes) per element, hidden as the stack
+hides them (`stack.dp_window`):
+- `step`: behind dp_overlap x the step's compute, the step's first gather exposed
+  (this runtime's first model);
+- `microbatch`: gradients are final only in the last micro-batch, so their reduction
+  hides behind its backward and the weight gather behind the next step's first forward,
+  model chunk by chunk when interleaved (Megatron-Core, FSDP with gradient accumulation).
+A ring crossing an oversubscribed tier is slowed only when a block's groups send more
+streams out of it than its uplinks carry (a ring has one edge out per group per block).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.axes import AXES, CANONICAL_ORDER
+from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import Stage
-from orchestrator.plan.topology import Tier
+from orchestrator.plan.topology import Tier, tiers_for
 
 
 def bubble_fraction(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
@@ -72,14 +84,30 @@ class Step:
     pp_bubble: float
     p2p: float
     dp_exposed: float
-    total_s: float
-    wall_s: float
+    total_s: float  # the roofline budget: arithmetic at peak, the parts above sum to it
+    wall_s: float  # the predicted wall-clock step
     stage: int  # the slowest stage
-    microbatch_s: float  # one micro-batch on it (compute + exposed collectives)
-    compute_microbatch_s: float
+    microbatch_s: float  # one micro-batch on it (compute + exposed collectives), roofline
+    compute_microbatch_s: float  # its arithmetic at peak
+    kernel_efficiency: float = 0.0  # arithmetic at peak / arithmetic at the kernels' speed
+    # The same parts at the kernels' speed (what the predicted step pays); they sum to wall_s.
+    wall_compute: float = 0.0
+    wall_tp: float = 0.0
+    wall_cp: float = 0.0
+    wall_ep: float = 0.0
+    wall_pp_bubble: float = 0.0
+    wall_p2p: float = 0.0
+    wall_dp_exposed: float = 0.0
+
+    @property
+    def wall(self) -> dict:
+        return {k: getattr(self, "wall_" + k) for k in WALL_PARTS}
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+WALL_PARTS = ("compute", "tp", "cp", "ep", "pp_bubble", "p2p", "dp_exposed")
 
 
 @dataclass
@@ -92,34 +120,66 @@ class Traffic:
     ep: tuple[float, float]
 
 
-def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw) -> Traffic:
+def _enum(x) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _frac(x, default: float) -> float:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return default
+    return min(max(x, 0.0), 1.0) if math.isfinite(x) else default
+
+
+def _pos(x, default: float, hi: float = 1e6) -> float:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return default
+    return min(max(x, 0.0), hi) if math.isfinite(x) else default
+
+
+def _stack(spec):
+    return spec.stack if spec is not None else None
+
+
+def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Traffic:
     t, c = d.tp, d.cp
     s, b = tr.seq_len, tr.micro_batch
     tokens = s / c * b
-    full = tr.recompute == "full"
+    frac = getattr(st, "recompute_frac", 1.0 if tr.recompute == "full" else 0.0)
+    full = frac > 0
     compute = st.hw_flops_tok * tokens / t / (hw.peak_tflops * 1e12)
-    n = len(st.layers)
+    n = len(st.layers) + getattr(st, "mtp", 0)
     if not tr.flash_attention:
         # Without flash attention the score matrix goes through HBM, in bytes per element:
         # forward: QK^T writes 2, fused scale-mask-softmax reads and writes 4, dropout 5
         # (read, write, 1-byte mask), AV reads 2; backward about 17; a recompute repeats
         # the forward. Memory-bound, so it costs bytes / HBM bandwidth, not FLOPs.
+        # Selective recompute (either definition) re-runs the attention core, and so its forward.
         fwd = 8 + (5 if mm.dropout else 0)
-        per_element = fwd + (fwd + 4) + (fwd if full else 0)
+        per_element = fwd + (fwd + 4) + (fwd * frac if full else fwd if tr.recompute == "selective" else 0)
         score_bytes = n * mm.heads / min(t, mm.heads) * tokens * s * per_element
         compute += score_bytes / (hw.hbm_gbps * 1e9)
-    tp = (n * (6 if full else 4), 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
+    stack = _stack(spec)
+    per_layer = 4 + 2 * frac
+    if stack is not None and stack.parallel_block:
+        per_layer /= 2  # attention and MLP side by side: one collective per block and direction
+    tp = (n * per_layer, 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
     if c > 1:
         if mm.mla:
             kv_width = mm.mla.kv_lora_rank + mm.mla.qk_rope_head_dim  # gather the latent
         else:
             kv_width = 2 * mm.hd * max(mm.kv // t, 1)
-        cp = (n * (3 if full else 2), (c - 1) / c * s * b * kv_width * 2)
+        cp = (n * (2 + frac), (c - 1) / c * s * b * kv_width * 2)
     else:
         cp = (0.0, 0.0)
     if d.ep > 1 and st.moe_layers:
         k = mm.moe.experts_per_token
-        ep = (st.moe_layers * (6 if full else 4), (d.ep - 1) / d.ep * tokens * k * mm.h * 2 / t)
+        # Dispatch in FP8 on FP8 runs (DeepSeek-V3, Sec. 3.3), combine and backward in bf16.
+        nbytes = 1.75 if tr.precision == "fp8" else 2.0
+        ep = (st.moe_layers * (4 + 2 * frac), (d.ep - 1) / d.ep * tokens * k * mm.h * nbytes / t)
     else:
         ep = (0.0, 0.0)
     return Traffic(compute, tp, cp, ep)
@@ -129,10 +189,18 @@ def _time(calls: float, nbytes: float, tier: Tier) -> float:
     return calls * (nbytes / (tier.gbps * 1e9) + tier.latency_us * 1e-6) if calls else 0.0
 
 
-def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool) -> dict[str, AxisReport]:
+def _grad_bytes(spec) -> float:
+    if spec is None:
+        return 2.0
+    st = spec.stack
+    g = st.grad_reduce_bytes if st.grad_reduce_bytes is not None else st.grad_bytes
+    return _pos(g, 2.0, 16.0) or 2.0
+
+
+def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool, spec=None) -> dict[str, AxisReport]:
     """Calls and bytes per step per GPU for every axis (no tiers yet: the order needs these)."""
     m, p, n = d.microbatches, d.pp, d.chunks
-    traffic = [stage_traffic(st, d, mm, tr, hw) for st in stages]
+    traffic = [stage_traffic(st, d, mm, tr, hw, spec) for st in stages]
     j = max(range(len(stages)), key=lambda i: traffic[i].compute_s)
     tj = traffic[j]
     out: dict[str, AxisReport] = {}
@@ -145,20 +213,31 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
     out["pp"] = AxisReport("pp", p, AXES["pp"].collective, sends, sends * send, hideable=True,
                            bytes_per_microbatch=2 * n * send if p > 1 else 0)
     st = stages[j]
-    # AR = RS + AG; FSDP (ZeRO-3) gathers the weights again for backward
-    rounds = 3.0 if d.zero == 3 else 2.0
+    gb = _grad_bytes(spec)
     units = max(len(st.layers), 1)
     collective = AXES["dp"].collective if d.zero else "all-reduce"
     for name, size, group, copies, weights in (
             ("dp", d.dp, d.dp_shard * d.cp, d.dp_replicate, (st.params - st.expert_params) / d.tp),
             ("edp", d.edp, d.edp, 1, st.expert_params / (d.etp * d.ep))):
         live = group * copies > 1 and weights > 0
-        nbytes = rounds * 2.0 * weights * (group - 1) / group
+        r, g = _dp_rounds(d.zero, weights, group, gb)
+        nbytes = r + g
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
-        nbytes += 2.0 * 2.0 * weights / group * (copies - 1) / copies
-        out[name] = AxisReport(name, size, collective, ((rounds if d.zero else 1) + (copies > 1)) * units
-                               if live else 0, nbytes if live else 0, hideable=True)
+        nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
+        rounds = (3.0 if d.zero == 3 else 2.0) if d.zero else 1.0
+        out[name] = AxisReport(name, size, collective, (rounds + (copies > 1)) * units if live else 0,
+                               nbytes if live else 0, hideable=True)
     return out
+
+
+def _dp_rounds(zero: int, weights: float, group: int, gb: float) -> tuple[float, float]:
+    """(gradient bytes, weight bytes) per GPU per step of one data-parallel group: an
+    all-reduce without sharding (ZeRO-0), reduce-scatter + all-gather (1, 2), and one more
+    all-gather for backward when the weights are sharded too (3)."""
+    share = weights * (group - 1) / group
+    if not zero:
+        return 2.0 * gb * share, 0.0
+    return gb * share, (2.0 if zero == 3 else 1.0) * 2.0 * share
 
 
 def auto_order(axes: dict[str, AxisReport], d: Layout) -> list[str]:
@@ -183,54 +262,244 @@ def expert_needs_pp_last(d: Layout) -> bool:
     return d.ep > 1 and d.pp > 1 and d.edp != d.dp
 
 
+# ---- tiers seen by one group ---------------------------------------------------------------------
+
+def _members_per_block(d: Layout, order: list[str] | None, name: str, block: int) -> int:
+    """Members of one group of this axis inside one block of `block` consecutive ranks."""
+    if order is None:
+        return 1
+    axis = AXES[name]
+    grid = d.dense_grid(order) if axis.grid == "dense" else d.expert_grid(order)
+    k = 1
+    for a in axis.members:
+        size, stride = grid.sizes.get(a, 1), grid.strides.get(a, 1)
+        k *= max(1, min(size, block // stride)) if size > 1 else 1
+    return k
+
+
+def _oversubscribed(spec) -> dict[str, tuple[float, int]]:
+    """Tier name -> (oversubscription, size of the blocks it connects), as tiers_for lists them."""
+    if spec is None:
+        return {}
+    hw, fabric = spec.hardware, spec.fabric
+    out, below = {}, fabric.nvlink_domain or hw.gpus_per_node
+    for t in sorted(fabric.tiers or hw.tiers, key=lambda t: t.size):
+        out[t.name] = (max(float(t.oversubscription), 1.0), below)
+        below = t.size
+    return out
+
+
+def _dp_gbps(tier: Tier, nvlink: Tier, d: Layout, order, name: str, over: dict) -> float:
+    """Per-GPU bandwidth of a data-parallel collective on its tier. NCCL runs it
+    hierarchically (one ring per NIC): with k members of a group in one NVLink domain only
+    1/k of the data leaves each GPU, so the group gets up to k x the per-GPU network
+    bandwidth (at most NVLink's). On an oversubscribed tier a ring sends one stream out of a
+    block per group, so a block holding k members of each group is slowed only when
+    k < oversubscription."""
+    if tier.name == nvlink.name:
+        return tier.gbps
+    k_node = _members_per_block(d, order, name, nvlink.size)
+    return min(nvlink.gbps, _stream_gbps(tier, d, order, name, over) * k_node)
+
+
+def _stream_gbps(tier: Tier, d: Layout, order, name: str, over: dict) -> float:
+    """Per-GPU bandwidth of a ring or a chain of sends over a tier: full link speed unless
+    the tier is oversubscribed and a block sends more streams out than its uplinks carry."""
+    factor, block = over.get(tier.name, (1.0, tier.size))
+    if factor <= 1.0:
+        return tier.gbps
+    return min(tier.gbps * factor, tier.gbps * _members_per_block(d, order, name, block))
+
+
+def _ep_time(calls: float, nbytes: float, tier: Tier, nvlink: Tier, d: Layout, order, spec) -> float:
+    """All-to-all of the routed copies: the copies for GPUs in this NVLink domain go over
+    NVLink, the others over the network, at the same time (node-limited routing: once per
+    remote domain, then forwarded inside it)."""
+    if not calls:
+        return 0.0
+    if tier.name == nvlink.name or spec is None:
+        return _time(calls, nbytes, tier)
+    ep = d.ep
+    g = min(ep, _members_per_block(d, order, "ep", nvlink.size))  # EP peers in my domain
+    if g >= ep:
+        return _time(calls, nbytes, nvlink)
+    remote = (ep - g) / ep  # fraction of a token's copies bound for other domains
+    local = (g - 1) / ep
+    per_copy = nbytes / max((ep - 1) / ep, 1e-12)  # bytes of all the token's copies
+    k = max(spec.model.moe.experts_per_token, 1)
+    limit = spec.model.moe.max_nodes_per_token
+    net_copies = remote
+    if limit and limit > 0:  # dedup: one copy per remote domain, at most `limit` domains
+        domains = ep / g
+        distinct = (domains - 1) * (1 - (1 - 1 / domains) ** k) if domains > 1 else 0.0
+        net_copies = min(remote, min(limit, distinct) / k)
+        local += remote - net_copies  # forwarded over NVLink inside the destination domain
+    net = per_copy * net_copies / (tier.gbps * 1e9)
+    nv = per_copy * local / (nvlink.gbps * 1e9)
+    return calls * (max(net, nv) + tier.latency_us * 1e-6)
+
+
+# ---- the step --------------------------------------------------------------------------------------
+
+@dataclass
+class _Pass:
+    mb: float
+    comp: float
+    tp: float
+    cp: float
+    ep: float
+    ep_hidden: float
+    bubble: float
+    dp: float
+    stage: int
+
+
 def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
-              axes: dict[str, AxisReport], tiers: dict[str, Tier]) -> Step:
+              axes: dict[str, AxisReport], tiers: dict[str, Tier], spec=None, order=None) -> Step:
     m = d.microbatches
-    per_mb = []
-    for st in stages:
-        tt = stage_traffic(st, d, mm, tr, hw)
-        tp = _time(*tt.tp, tiers["tp"])
-        cp = _time(*tt.cp, tiers["cp"])
-        ep = _time(*tt.ep, tiers["ep"])
-        ep_hidden = 0.0
-        if d.schedule.overlaps_ep:
-            # DualPipe overlaps one micro-batch's all-to-all with another's computation.
-            ep_hidden = min(ep, tt.compute_s)
-            ep -= ep_hidden
-        per_mb.append((tt.compute_s + tp + cp + ep, tt.compute_s, tp, cp, ep, ep_hidden))
-    j = max(range(len(stages)), key=lambda i: per_mb[i][0])
-    mb, comp, tp, cp, ep, ep_hidden = per_mb[j]
-    axes["ep"].hidden_s = m * ep_hidden
-    bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
-    pp = axes["pp"]
+    traffic = [stage_traffic(st, d, mm, tr, hw, spec) for st in stages]
+    nvlink = tiers_for(spec)[0] if spec is not None else tiers["tp"]
+    stack = _stack(spec)
+    tp_hide = _frac(stack.tp_overlap, 0.0) if stack is not None else 0.0
+    ep_hide = _frac(stack.ep_overlap, 0.0) if stack is not None else 0.0
+    over = _oversubscribed(spec)
+    cp_tier = replace(tiers["cp"], gbps=_stream_gbps(tiers["cp"], d, order, "cp", over))
+    pp_tier = replace(tiers["pp"], gbps=_stream_gbps(tiers["pp"], d, order, "pp", over))
+    comm = []
+    for tt in traffic:
+        tp = _time(*tt.tp, tiers["tp"]) * (1.0 - tp_hide)
+        cp = _time(*tt.cp, cp_tier)
+        ep = _ep_time(*tt.ep, tiers["ep"], nvlink, d, order, spec)
+        comm.append((tp, cp, ep))
+
+    # hierarchical, ring-aware bandwidth of the data-parallel axes
+    dp_gbps = {n: _dp_gbps(tiers[n], nvlink, d, order, n, over) for n in ("dp", "edp")}
+
+    bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
+    sm = _frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0) if stack is not None else 0.0
+    sm = min(sm, 0.9)
+
+    def run(compute: list[float]) -> _Pass:
+        per = []
+        for c, (tp, cp, ep) in zip(compute, comm):
+            ep_hidden = 0.0
+            if d.schedule.overlaps_ep:
+                # DualPipe overlaps one micro-batch's all-to-all with another's computation.
+                ep_hidden = min(ep, c)
+            ep_hidden = ep_hidden + (ep - ep_hidden) * ep_hide
+            # The SMs the hidden all-to-all runs on are missing from the compute meanwhile.
+            c = c + ep_hidden * sm / (1.0 - sm)
+            per.append((c + tp + cp + ep - ep_hidden, c, tp, cp, ep - ep_hidden, ep_hidden))
+        if bidirectional and len(per) > 1:
+            # DualPipe feeds micro-batches from both ends: rank r runs stage r for one direction
+            # and stage pp-1-r for the other (its second copy of the weights), so a rank's pace is
+            # the mean of the two, and the heavy last stage (output head, MTP) is shared with the first.
+            n = len(per)
+            per = [tuple((a + b) / 2 for a, b in zip(per[r], per[n - 1 - r])) for r in range(n)]
+        j = max(range(len(per)), key=lambda i: per[i][0])
+        mb, comp, tp, cp, ep, ep_hidden = per[j]
+        bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
+        dp = _data_parallel(axes, tiers, d, comp, m, spec, dp_gbps, commit=False)
+        return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j)
+
+    roof = run([tt.compute_s for tt in traffic])
     p2p = 0.0
+    pp = axes["pp"]
     if d.pp > 1:
         send_bytes = pp.bytes_per_microbatch / (2 * d.chunks)
-        one = send_bytes / (tiers["pp"].gbps * 1e9) + tiers["pp"].latency_us * 1e-6
+        one = send_bytes / (pp_tier.gbps * 1e9) + pp_tier.latency_us * 1e-6
         pp.seconds = pp.calls_per_step * one
         p2p = 2 * (d.pp * d.chunks - 1) * one
         pp.exposed_s, pp.hidden_s = p2p, max(pp.seconds - p2p, 0.0)
-    dp_exposed = _data_parallel(axes, tiers, d, window=2.0 / 3.0 * m * comp)
-    for name, t in (("tp", tp), ("cp", cp), ("ep", ep)):
+    total = m * roof.mb + roof.bubble + p2p + roof.dp
+
+    constant = spec is None or _enum(spec.cost.kernel_model) == "constant"
+    if constant:
+        eff = hw.kernel_efficiency
+        wall_s = total / eff
+        ach, keff = roof, eff
+        wall = {k: v / eff for k, v in (("compute", m * roof.comp), ("tp", m * roof.tp), ("cp", m * roof.cp),
+                                         ("ep", m * roof.ep), ("pp_bubble", roof.bubble), ("p2p", p2p),
+                                         ("dp_exposed", roof.dp))}
+    else:
+        coef = coefficients(hw, spec.cost)
+        shape = shape_of(d, tr, hw, spec, coef)
+        achieved = [coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)
+                    for st, tt in zip(stages, traffic)]
+        ach = run(achieved)
+        wall = {"compute": m * ach.comp, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
+                "pp_bubble": ach.bubble, "p2p": p2p, "dp_exposed": ach.dp}
+        wall_s = sum(wall.values())
+        keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
+    # The axes report what the predicted step pays.
+    _data_parallel(axes, tiers, d, ach.comp, m, spec, dp_gbps, commit=True)
+    axes["ep"].hidden_s = m * ach.ep_hidden
+    for name, t in (("tp", ach.tp), ("cp", ach.cp), ("ep", ach.ep)):
         axes[name].exposed_s = m * t
-        axes[name].seconds = m * t + axes[name].hidden_s
-    total = m * mb + bubble + p2p + dp_exposed
-    return Step(compute=m * comp, tp=m * tp, cp=m * cp, ep=m * ep, pp_bubble=bubble, p2p=p2p,
-                dp_exposed=dp_exposed, total_s=total, wall_s=total / hw.kernel_efficiency, stage=j,
-                microbatch_s=mb, compute_microbatch_s=comp)
+    tp_raw = _time(*traffic[ach.stage].tp, tiers["tp"])
+    axes["tp"].seconds = m * tp_raw
+    axes["tp"].hidden_s = m * (tp_raw - ach.tp)
+    axes["cp"].seconds = m * ach.cp
+    axes["ep"].seconds = m * (ach.ep + ach.ep_hidden)
+    return Step(compute=m * roof.comp, tp=m * roof.tp, cp=m * roof.cp, ep=m * roof.ep, pp_bubble=roof.bubble,
+                p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
+                microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
+                **{"wall_" + k: v for k, v in wall.items()})
 
 
-def _data_parallel(axes: dict[str, AxisReport], tiers: dict[str, Tier], d: Layout, window: float) -> float:
-    """Dense and expert gradient traffic share the backward as their hiding window; the
-    first weight gather of a step (ZeRO/FSDP) cannot hide."""
+def _scores_s(tt: Traffic, st: Stage, mm: ModelMath, tr, hw, d: Layout) -> float:
+    """Without flash attention: the score matrix's HBM traffic (in stage_traffic's roofline
+    compute too), costed at HBM speed beside the kernel model's work."""
+    if tr.flash_attention:
+        return 0.0
+    at_peak = st.hw_flops_tok * tr.seq_len / d.cp * tr.micro_batch / d.tp / (hw.peak_tflops * 1e12)
+    return max(tt.compute_s - at_peak, 0.0)
+
+
+def _data_parallel(axes: dict[str, AxisReport], tiers: dict[str, Tier], d: Layout, comp_mb: float, m: int,
+                   spec, gbps: dict[str, float], commit: bool) -> float:
+    """What of the data-parallel traffic the step pays (see the module's docstring)."""
     live = [axes[n] for n in ("dp", "edp") if axes[n].calls_per_step]
+    if not live:
+        return 0.0
+    secs = {a.name: a.bytes_per_step / (gbps[a.name] * 1e9) + a.calls_per_step * tiers[a.name].latency_us * 1e-6
+            for a in live}
+    stack = _stack(spec)
+    window_kind = _enum(stack.dp_window) if stack is not None else "step"
+    overlap = _frac(stack.dp_overlap, 2.0 / 3.0) if stack is not None else 2.0 / 3.0
+    first_exposed = bool(stack.dp_first_gather_exposed) if stack is not None else True
+    busy = sum(secs.values())
+    if window_kind == "step":
+        first_gather = sum(secs[a.name] / a.calls_per_step for a in live) if d.zero and first_exposed else 0.0
+        exposed = max(busy - overlap * m * comp_mb, 0.0) + first_gather
+    else:
+        exposed = _microbatch_window(live, secs, d, comp_mb, m, overlap, spec)
+    if commit:
+        for a in live:  # each axis carries its share of what sticks out
+            a.seconds = secs[a.name]
+            a.exposed_s = exposed * secs[a.name] / busy if busy else 0.0
+            a.hidden_s = max(a.seconds - a.exposed_s, 0.0)
+    return exposed
+
+
+def _microbatch_window(live, secs, d: Layout, comp_mb: float, m: int, overlap: float, spec) -> float:
+    """Gradients reduce behind the last micro-batch's backward, weights gather behind the
+    next step's first forward, chunk by chunk: chunk k of an interleaved rank finishes its
+    last backward about k x pp chunk-backwards before the end, so only the first chunk's
+    share must fit its own backward."""
+    gb = _grad_bytes(spec)
+    n, p = max(d.chunks, 1), max(d.pp, 1)
+    exposed = 0.0
     for a in live:
-        tier = tiers[a.name]
-        a.seconds = a.bytes_per_step / (tier.gbps * 1e9) + a.calls_per_step * tier.latency_us * 1e-6
-    busy = sum(a.seconds for a in live)
-    first_gather = sum(a.seconds / a.calls_per_step for a in live) if d.zero else 0.0
-    exposed = max(busy - window, 0.0) + first_gather
-    for a in live:  # each axis carries its share of what sticks out
-        a.exposed_s = exposed * a.seconds / busy if busy else 0.0
-        a.hidden_s = max(a.seconds - a.exposed_s, 0.0)
+        r, g = _dp_rounds(d.zero, 1.0, 2, gb)  # the split of this axis' bytes into grads and weights
+        grad_s = secs[a.name] * r / (r + g)
+        gather_s = secs[a.name] - grad_s
+        tb = overlap * (2.0 / 3.0) * comp_mb / n  # one chunk's backward of one micro-batch
+        tf = overlap * (1.0 / 3.0) * comp_mb / n
+        reach = (n - 1) * p + 1
+        exposed += max(grad_s / n - tb, grad_s - reach * tb, 0.0)
+        if d.zero == 3:  # the weights are gathered for every micro-batch's forward and backward
+            exposed += m * max(gather_s - overlap * comp_mb, 0.0) + gather_s / max(a.calls_per_step, 1)
+        else:
+            exposed += max(gather_s / n - tf, gather_s - reach * tf, 0.0)
     return exposed

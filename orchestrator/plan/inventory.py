@@ -1,7 +1,8 @@
 """The byte inventory: what one GPU holds, stage by stage (seed 1: start here).
 
 Model states are 16 bytes per parameter (bf16 weights 2, bf16 gradients 2, fp32
-master weights and Adam m and v 12), divided by TP x PP (each GPU holds its
+master weights and Adam m and v 12; the stack's `grad_bytes` for gradients: Megatron,
+Llama 3 and DeepSeek-V3 keep fp32 main gradients, 4), divided by TP x PP (each GPU holds its
 stage's shard), and by the data-parallel group for whatever ZeRO/FSDP shards:
 stage 1 the optimizer, 2 also gradients, 3 also weights. FSDP shards over data
 x context ranks, as torchtitan does. Expert weights are divided by the expert
@@ -9,7 +10,9 @@ grid's etp x ep and sharded over its expert-data-parallel group (edp).
 
 Optimizer bytes per parameter are `training.optimizer_bytes` (12 by default).
 Schedules that keep several copies of the weights (DeepSeek's DualPipe: two, Sec.
-3.2.1) say so in their registry entry (config/schedules.py).
+3.2.1) say so in their registry entry (config/schedules.py); DualPipe's second copy is
+the mirror stage pp-1-r it runs for the other direction, so rank r holds stages r and
+pp-1-r and half the activations of each.
 
 Activations per micro-batch are the layer's bytes per token (model.py) x tokens
 per GPU (s/cp x b), divided by TP (sequence parallelism shards what TP does
@@ -60,33 +63,57 @@ def in_flight(d: Layout, stage: int) -> float:
     return d.schedule.held(d.pp, d.vp, d.microbatches, stage)
 
 
-def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int) -> Memory:
+def _grad_bytes(spec) -> float:
+    g = getattr(getattr(spec, "stack", None), "grad_bytes", 2.0)
+    try:
+        g = float(g)
+    except (TypeError, ValueError):
+        return 2.0
+    return min(max(g, 0.0), 16.0) if g == g and abs(g) != float("inf") else 2.0
+
+
+def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes: float | None = None,
+                 mirror: Stage | None = None) -> Memory:
+    """One pipeline rank. `mirror`: the stage a bidirectional schedule (DualPipe) also runs on
+    it, pp-1-r for the other direction: its weights, gradients and half the activations."""
     t, c = d.tp, d.cp
-    dense = (st.params - st.expert_params) / t
-    expert = st.expert_params / (d.etp * d.ep)
     shard = d.dp_shard * c  # FSDP / ZeRO group of dense weights (one copy of the state)
     eshard = d.edp  # ... and of expert weights
 
-    def sharded(level: int) -> float:
+    def sharded(x: Stage, level: int) -> float:
+        dense = (x.params - x.expert_params) / t
+        expert = x.expert_params / (d.etp * d.ep)
         return dense / (shard if d.zero >= level else 1) + expert / (eshard if d.zero >= level else 1)
 
-    copies = float(d.schedule.weight_copies)
-    params = copies * 2.0 * sharded(3)
-    grads = copies * 2.0 * sharded(2)
-    optimizer = tr.optimizer_bytes * sharded(1)
+    gb = _grad_bytes(spec) if grad_bytes is None else grad_bytes
+    if mirror is not None:
+        params = 2.0 * (sharded(st, 3) + sharded(mirror, 3))
+        grads = gb * (sharded(st, 2) + sharded(mirror, 2))
+        optimizer = tr.optimizer_bytes * (sharded(st, 1) + sharded(mirror, 1)) / 2
+        act_tok = (st.act_tok + mirror.act_tok) / 2
+    else:
+        copies = float(d.schedule.weight_copies)
+        params = copies * 2.0 * sharded(st, 3)
+        grads = copies * gb * sharded(st, 2)
+        optimizer = tr.optimizer_bytes * sharded(st, 1)
+        act_tok = st.act_tok
     tokens = tr.seq_len / c * tr.micro_batch
-    acts = st.act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision == "fp8" else 1.0)
-    if tr.recompute == "full":
+    acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision == "fp8" else 1.0)
+    if tr.recompute == "full" and st.act_tok_layer_max:
         acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
-    if st.outputs:
+    if st.outputs or (mirror is not None and mirror.outputs):
         acts += 2 * 4.0 * tokens * vocab / t  # fp32 logits and their gradient
     # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched).
-    per_layer = dense / max(len(st.layers), 1)
+    per_layer = (st.params - st.expert_params) / t / max(len(st.layers), 1)
     other = hw.reserve_gb * GiB + (2 * 2.0 * per_layer if d.zero >= 3 and shard > 1 else 0.0)
     total = params + grads + optimizer + acts + other
     return Memory(params, grads, optimizer, acts, other, total, hw.gpu_memory_gb * GiB, st.index)
 
 
-def inventory(stages: list[Stage], d: Layout, hw, tr, vocab: int) -> Memory:
+def inventory(stages: list[Stage], d: Layout, hw, tr, vocab: int, spec=None) -> Memory:
     """The worst stage's memory (the one that decides whether the layout fits)."""
-    return max((stage_memory(st, d, hw, tr, vocab) for st in stages), key=lambda mem: mem.per_gpu_bytes)
+    gb = _grad_bytes(spec)
+    n = len(stages)
+    bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1 and n > 1  # DualPipe
+    return max((stage_memory(st, d, hw, tr, vocab, spec, gb, stages[n - 1 - i] if bidirectional else None)
+                for i, st in enumerate(stages)), key=lambda mem: mem.per_gpu_bytes)

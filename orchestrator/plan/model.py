@@ -7,7 +7,14 @@ Conventions (documented because every MFU figure depends on them):
   them: forward s * heads * (d_qk + d_v) per token per layer, times 3 for
   forward + backward.
 - Hardware FLOPs add what recomputation runs again: `full` one more forward of
-  every layer, `selective` the attention core.
+  every layer, `selective` the attention core (and, under this runtime's and
+  DeepSeek-V3's definition, MLA's up-projections; norms and the SwiGLU product are
+  memory-bound work, costed in plan/kernels.py).
+- Two meanings of "selective" (`stack.selective`): `attention_core` is Megatron's
+  and Korthikanti et al.'s (2022): only the attention core is recomputed, so a layer
+  keeps 34*s*b*h bytes with flash attention or not (the 5*a*s^2*b score bytes go);
+  `orchestrator` (this runtime, DeepSeek-V3) also recomputes the norms, the MLP input
+  and the SwiGLU product (and MLA's q, k, v from the latents), keeping 30-35% less.
 - Activation bytes per token per layer are counted term by term from what
   autograd keeps (Korthikanti et al. 2022, Sec. 4): 34*h for a GPT layer with
   dropout and flash attention, which is the textbook figure. The textbook
@@ -30,7 +37,9 @@ class LayerShape:
     expert_params: int  # the part that expert parallelism shards (routed experts)
     active_params: int  # parameters one token touches
     act_none: float  # activation bytes per token kept with no recompute (flash)
-    act_selective: float  # ... with selective recompute
+    act_selective: float  # ... with selective recompute (norms, attention core, SwiGLU product)
+    act_selective_core: float  # ... with Megatron's selective recompute (the attention core only)
+    recompute_up_flops: float  # MLA up-projection forward FLOPs per token (rebuilt under selective)
     attn_fwd_flops: float  # causal attention-core forward FLOPs per token / seq_len
     scores_bytes_per_s: float  # bytes per token per unit of seq_len without flash
 
@@ -101,6 +110,13 @@ class ModelMath:
         out = 2 * H * self.hd  # attention output = input of the output projection
         return norm_in + qkv_in + q + kv + out + self.dropout * h
 
+    def _up_flops(self) -> float:
+        if not self.mla:
+            return 0.0
+        a, H = self.mla, self.heads
+        q = a.q_lora_rank * H * self.qk_dim if a.q_lora_rank else 0
+        return 2.0 * (q + a.kv_lora_rank * H * (a.qk_nope_head_dim + a.v_head_dim))
+
     # ---- MLP -------------------------------------------------------------------------
     def _mats(self) -> int:
         return 3 if self.m.mlp == "swiglu" else 2
@@ -116,7 +132,15 @@ class ModelMath:
 
     @cached_property
     def _layers(self) -> list[LayerShape]:
-        return [self._build_layer(i) for i in range(self.L)]
+        # A layer's shape depends only on whether it is a mixture-of-experts layer: build each once.
+        kinds: dict[bool, LayerShape] = {}
+        out = []
+        for i in range(self.L):
+            moe = self.moe is not None and i >= self.moe.dense_layers
+            if moe not in kinds:
+                kinds[moe] = self._build_layer(i)
+            out.append(kinds[moe])
+        return out
 
     def _build_layer(self, i: int) -> LayerShape:
         h = self.h
@@ -152,6 +176,8 @@ class ModelMath:
             active_params=active,
             act_none=self._attn_act(False) + 2 * h + mlp_act(False),  # + 2h: the MLP norm's input
             act_selective=self._attn_act(True) + 2 * h + mlp_act(True),
+            act_selective_core=self._attn_act(False) + 2 * h + mlp_act(False),
+            recompute_up_flops=self._up_flops(),
             attn_fwd_flops=self.heads * (self.qk_dim + self.v_dim),
             scores_bytes_per_s=scores,
         )
@@ -178,7 +204,8 @@ class ModelMath:
         attn = sum(l.attn_fwd_flops for l in self._layers) * seq_len if attention else 0.0
         return 6.0 * self.active_params + 3.0 * attn
 
-    def layer_flops(self, i: int, seq_len: int, attention: bool, recompute: str) -> tuple[float, float]:
+    def layer_flops(self, i: int, seq_len: int, attention: bool, recompute: str,
+                    selective: str = "orchestrator") -> tuple[float, float]:
         """(model, hardware) FLOPs per token of layer i, forward + backward (+ recompute)."""
         l = self._layers[i]
         attn_fwd = l.attn_fwd_flops * seq_len if attention else 0.0
@@ -186,33 +213,36 @@ class ModelMath:
         if recompute == "full":
             hw = model + 2.0 * l.active_params + attn_fwd
         elif recompute == "selective":
-            hw = model + attn_fwd
+            hw = model + attn_fwd + (l.recompute_up_flops if selective == "orchestrator" else 0.0)
         else:
             hw = model
         return model, hw
 
-    def layer_act_bytes(self, i: int, seq_len: int, recompute: str, flash: bool) -> float:
+    def layer_act_bytes(self, i: int, seq_len: int, recompute: str, flash: bool,
+                        selective: str = "orchestrator") -> float:
         """Activation bytes per token that layer i keeps for backward (before TP/CP division)."""
         l = self._layers[i]
         if recompute == "full":
             return 2.0 * self.h  # only the layer input
         scores = 0.0 if flash else l.scores_bytes_per_s * seq_len
-        if recompute == "selective":
-            return l.act_selective  # selective also recomputes the score matrix
+        if recompute == "selective":  # either definition recomputes the score matrix
+            return l.act_selective if selective == "orchestrator" else l.act_selective_core
         return l.act_none + scores
 
-    def table(self, seq_len: int, recompute: str, flash: bool, attention: bool) -> LayerTable:
-        return self._table(seq_len, recompute, flash, attention)
+    def table(self, seq_len: int, recompute: str, flash: bool, attention: bool,
+              selective: str = "orchestrator") -> LayerTable:
+        return self._table(seq_len, str(getattr(recompute, "value", recompute)), flash, attention,
+                           str(getattr(selective, "value", selective)))
 
     @lru_cache(maxsize=64)
-    def _table(self, seq_len: int, recompute: str, flash: bool, attention: bool) -> LayerTable:
-        fl = [self.layer_flops(i, seq_len, attention, recompute) for i in range(self.L)]
+    def _table(self, seq_len: int, recompute: str, flash: bool, attention: bool, selective: str) -> LayerTable:
+        fl = [self.layer_flops(i, seq_len, attention, recompute, selective) for i in range(self.L)]
         return LayerTable(
             params=_prefix(l.params for l in self._layers),
             expert=_prefix(l.expert_params for l in self._layers),
             model=_prefix(f[0] for f in fl),
             hw=_prefix(f[1] for f in fl),
-            act=_prefix(self.layer_act_bytes(i, seq_len, recompute, flash) for i in range(self.L)),
+            act=_prefix(self.layer_act_bytes(i, seq_len, recompute, flash, selective) for i in range(self.L)),
             moe=_prefix(1 if l.expert_params else 0 for l in self._layers),
             act_none_per_layer=[self.layer_act_bytes(i, seq_len, "none", flash) for i in range(self.L)],
         )

@@ -15,7 +15,7 @@ from orchestrator.config.schema import Config
 from orchestrator.plan.axes import AXES, FSDP_DIMS, MESH_DIMS, REPLICATE_DIMS
 from orchestrator.plan.cost import AxisReport, Step, auto_order, axis_traffic, step_time
 from orchestrator.plan.inventory import Memory, inventory
-from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_memory
+from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_inputs, judge_memory
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import build_stages
@@ -103,12 +103,13 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     mm = mm or ModelMath(spec.model)
     tr, hw = spec.training, spec.hardware
     plan.params, plan.active_params = mm.total_params, mm.active_params
-    stages = build_stages(mm, layout, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops)
-    axes = axis_traffic(stages, layout, mm, tr, hw, spec.layout.sequence_parallel)
+    stages = build_stages(mm, layout, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops,
+                          spec.stack.selective, tr.recompute_layers, tr.mtp_depth)
+    axes = axis_traffic(stages, layout, mm, tr, hw, spec.layout.sequence_parallel, spec)
     order = order_override or layout.order or auto_order(axes, layout)
     tiers = _place(axes, layout, order, spec)
-    step = step_time(stages, layout, mm, tr, hw, axes, tiers)
-    memory = inventory(stages, layout, hw, tr, mm.V)
+    step = step_time(stages, layout, mm, tr, hw, axes, tiers, spec, order)
+    memory = inventory(stages, layout, hw, tr, mm.V, spec)
     plan.layout, plan.order, plan.axes, plan.step, plan.memory = layout, order, axes, step, memory
 
     tokens = tr.global_batch * tr.seq_len
@@ -123,6 +124,7 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     plan.blast_radius = blast_radius(plan, mm)
     judge_cross_node_tp(plan, tiers_for(spec))
     judge_memory(plan)
+    judge_inputs(plan)
     plan.valid = not plan.errors
     return plan
 

@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from orchestrator.config.errors import Problem
+from orchestrator.config.schedules import SCHEDULES
 from orchestrator.config.schema import Config, Recompute, Schedule
 from orchestrator.plan.inventory import GiB
 from orchestrator.plan.judge import memory_only
@@ -65,7 +66,8 @@ def _pow2_upto(n: int) -> list[int]:
 def candidates(spec) -> list[Candidate]:
     hw, m, tr = spec.hardware, spec.model, spec.training
     world = spec.cluster.nodes * hw.gpus_per_node
-    tps = [t for t in range(1, hw.gpus_per_node + 1) if hw.gpus_per_node % t == 0 and m.heads % t == 0
+    domain = spec.fabric.nvlink_domain or hw.gpus_per_node  # TP stays on NVLink (a node, or an NVL72 rack)
+    tps = [t for t in range(1, min(domain, 64) + 1) if domain % t == 0 and m.heads % t == 0
            and (m.kv_heads % t == 0 or t % m.kv_heads == 0)]
     cps = [c for c in _pow2_upto(64) if tr.seq_len % (2 * c) == 0 or c == 1]
     pps = [p for p in range(1, min(m.layers, 128) + 1) if m.layers % p == 0 or uneven_split(m.layers, p)]
@@ -95,6 +97,9 @@ def _schedules(spec, c: Candidate, micro_batch: int, refine: bool) -> list[tuple
     even = L % c.pp == 0
     vps = [v for v in range(2, min(smallest, 8) + 1) if (not even or (L // c.pp) % v == 0)] if m % c.pp == 0 else []
     out = [("1f1b", 1)]
+    own = spec.schedule.name.value
+    if SCHEDULES[own].overlaps_ep and c.ep > 1 and m % 2 == 0 and m >= 2 * c.pp:
+        out.append((own, 1))  # DualPipe: the user's schedule that hides the expert all-to-all
     if vps:
         out += [("interleaved_1f1b", v) for v in (vps if refine else vps[-1:])]
     if refine:

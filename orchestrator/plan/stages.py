@@ -6,7 +6,7 @@ them one layer fewer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
@@ -27,11 +27,44 @@ class Stage:
     act_tok_layer_max: float  # the largest single layer's (working set under full recompute)
     embeds: bool
     outputs: bool
+    recompute_frac: float = 0.0  # the share of its layers recomputed in full (1 = recompute=full)
+    mtp: int = 0  # multi-token prediction modules it runs (the last stage: training.mtp_depth)
+
+
+def _frac(recompute: str, recompute_layers, layers: int, chunks: int) -> float:
+    """The share of a stage's layers recomputed in full: all of them, or `recompute_layers`
+    per model chunk (Megatron's block method)."""
+    if str(getattr(recompute, "value", recompute)) != "full":
+        return 0.0
+    if recompute_layers is None or not isinstance(recompute_layers, int) or isinstance(recompute_layers, bool):
+        return 1.0
+    return min(max(recompute_layers, 0) * chunks / max(layers, 1), 1.0)
 
 
 def build_stages(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: bool,
-                 attention_flops: bool) -> list[Stage]:
-    tab = mm.table(seq_len, recompute, flash, attention_flops)
+                 attention_flops: bool, selective: str = "orchestrator", recompute_layers=None,
+                 mtp: int = 0) -> list[Stage]:
+    """`selective`: what selective recompute recomputes (stack.selective; model.py);
+    `recompute_layers`: with recompute=full, how many layers of each chunk (None: all);
+    `mtp`: multi-token prediction modules on the last stage (training.mtp_depth)."""
+    full = 1.0 if str(getattr(recompute, "value", recompute)) == "full" else 0.0
+    mtp = min(max(mtp, 0), 16) if isinstance(mtp, int) and not isinstance(mtp, bool) else 0
+    stages = _build(mm, d, seq_len, recompute, flash, attention_flops, selective, full, mtp)
+    if not full or recompute_layers is None:
+        return stages
+    kept = _build(mm, d, seq_len, "none", flash, attention_flops, selective, 0.0, mtp)
+    out = []
+    for st, no in zip(stages, kept):
+        f = _frac(recompute, recompute_layers, len(st.layers), d.chunks)
+        out.append(replace(st, recompute_frac=f, hw_flops_tok=f * st.hw_flops_tok + (1 - f) * no.hw_flops_tok,
+                           act_tok=f * st.act_tok + (1 - f) * no.act_tok,
+                           act_tok_layer_max=st.act_tok_layer_max if f > 0 else 0.0))
+    return out
+
+
+def _build(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: bool, attention_flops: bool,
+           selective: str, frac: float, mtp: int = 0) -> list[Stage]:
+    tab = mm.table(seq_len, recompute, flash, attention_flops, selective)
     ranges = d.virtual_stages()
     last_stage = len(ranges) - 1
     V, h = mm.V, mm.h
@@ -51,15 +84,27 @@ def build_stages(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: 
             if mm.output_params:  # untied input embedding: counted on the first stage
                 model += 6.0 * mm.embed_params
                 hw += 6.0 * mm.embed_params
+        expert, act, moe = total(tab.expert), total(tab.act), int(total(tab.moe))
         if last:
             params += (mm.output_params or (mm.embed_params if d.pp > 1 else 0)) + h
             model += 6.0 * V * h
             hw += 6.0 * V * h
+        if last and mtp:
+            # DeepSeek-V3's MTP module (Sec. 2.2): a block like the last one, a 2h -> h projection,
+            # the shared output head again; hardware FLOPs, not model FLOPs.
+            L = mm.L
+            one = lambda prefix: prefix[L] - prefix[L - 1]  # noqa: E731
+            proj = 2 * h * h + 2 * h
+            params += mtp * (one(tab.params) + proj)
+            expert += mtp * one(tab.expert)
+            hw += mtp * (one(tab.hw) + 6.0 * proj + 6.0 * V * h)
+            act += mtp * (one(tab.act) + 4.0 * h)
+            moe += mtp * int(one(tab.moe))
         layers = tuple(i for a, b in spans for i in range(a, b))
         stages.append(Stage(
-            index=r, layers=layers, moe_layers=int(total(tab.moe)), params=params,
-            expert_params=total(tab.expert), model_flops_tok=model, hw_flops_tok=hw, act_tok=total(tab.act),
+            index=r, layers=layers, moe_layers=moe, params=params,
+            expert_params=expert, model_flops_tok=model, hw_flops_tok=hw, act_tok=act,
             act_tok_layer_max=max((tab.act_none_per_layer[i] for i in layers), default=0.0),
-            embeds=first, outputs=last,
+            embeds=first, outputs=last, recompute_frac=frac, mtp=mtp if last else 0,
         ))
     return stages

@@ -1,0 +1,280 @@
+"""Shape-aware kernel time: how long one micro-batch's arithmetic takes on one GPU.
+
+The planner's first model ran every FLOP at one `hardware.kernel_efficiency`. Published
+runs on the same GPU imply efficiencies from about 0.43 to 0.76, rising with the
+per-GPU GEMM size and falling for small models; this module is the small physical
+model that explains most of that (cost.kernel_model=shape, the default).
+
+Per micro-batch, per layer, per GPU, with T = (seq_len / cp) x micro_batch tokens and
+every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
+
+    time =   sum_GEMMs 3 x max(2MNK / (peak x gemm_efficiency),       fwd, dgrad, wgrad: the
+                           bytes(MK + KN + MN) / HBM)               roofline of each GEMM
+                 (FP8 GEMMs: peak_fp8 x gemm_efficiency x fp8_gemm_efficiency, 1-byte operands)
+           + elementwise x memory-bound bytes / HBM                   norms, residuals, rotary,
+                                                                      activation, dropout, MoE
+                                                                      permutes, FP8 casts, loss
+           + (1 + 2.5 / 0.7) x attention-core forward FLOPs           flash attention (causal; its
+               / (peak x attention_efficiency)                          backward recomputes scores)
+           + launch_overhead_us per kernel                            host time per launch: about
+                                                                      20 kernels per layer, and
+                                                                      per local expert its GEMMs
+                                                                      (and FP8 casts)
+
+A GEMM is compute-bound when its intensity MNK / (MK + KN + MN) exceeds the GPU's
+FLOP-per-byte balance (about 300 for an H100 in bf16, twice that in FP8): wide GEMMs (large
+hidden / TP, many tokens) run at the ceiling, narrow ones (an expert that receives a
+hundred tokens) at HBM speed. Memory-bound work grows with h while GEMM work grows with
+h^2, and every kernel costs the host some microseconds however small it is, which is why
+small models, thin tensor-parallel shards, short micro-batches and many small experts
+reach less of the peak. Without flash attention (2021-22 Megatron) the attention core is
+two batched GEMMs per head over the full (not causal) score matrix plus its softmax and
+dropout traffic through HBM.
+
+Seven numbers are fitted on published runs (orchestrator/plan/calibrate.py): the GEMM
+ceiling of each GPU generation (`hardware.gemm_efficiency`: Ampere, Hopper, Blackwell) and,
+shared by every GPU, `cost.elementwise`, `cost.attention_efficiency`,
+`cost.fp8_gemm_efficiency` and `cost.launch_overhead_us`. Recomputation adds the forward
+work it re-runs. Element counts are per token, fwd + bwd, in 2-byte elements.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from orchestrator.plan.model import ModelMath
+
+
+@dataclass(frozen=True)
+class Features:
+    """Seconds of one micro-batch (GEMMs at their roofline; the rest at unit coefficients), summable."""
+
+    gemm: float = 0.0  # GEMMs: the roofline, max(FLOPs at the ceiling, operand and result bytes / HBM)
+    elem: float = 0.0  # memory-bound bytes / HBM bandwidth
+    attn: float = 0.0  # flash-attention FLOPs as run (forward, backward, recompute) / bf16 peak
+    kernels: float = 0.0  # kernel launches x 1e-6 (so its coefficient is in microseconds)
+
+    def __add__(self, o: "Features") -> "Features":
+        return Features(self.gemm + o.gemm, self.elem + o.elem, self.attn + o.attn, self.kernels + o.kernels)
+
+    def scale(self, k: float) -> "Features":
+        return Features(self.gemm * k, self.elem * k, self.attn * k, self.kernels * k)
+
+    def as_tuple(self) -> tuple[float, ...]:
+        return (self.gemm, self.elem, self.attn, self.kernels)
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    gemm_efficiency: float
+    fp8: float
+    elementwise: float
+    attention_efficiency: float
+    launch_overhead_us: float
+
+    def seconds(self, f: Features) -> float:
+        return (f.gemm + self.elementwise * f.elem + f.attn / self.attention_efficiency
+                + self.launch_overhead_us * f.kernels)
+
+
+def _clamp(x, lo: float, hi: float, default: float) -> float:
+    """A fitted coefficient read defensively: the planner never raises on a hostile value."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return default
+    return min(max(x, lo), hi) if math.isfinite(x) else default
+
+
+def coefficients(hw, cost) -> Coefficients:
+    return Coefficients(
+        gemm_efficiency=_clamp(getattr(hw, "gemm_efficiency", 0.75), 1e-3, 1.0, 0.75),
+        fp8=_clamp(getattr(cost, "fp8_gemm_efficiency", 0.7), 1e-3, 1.0, 0.7),
+        elementwise=_clamp(getattr(cost, "elementwise", 1.0), 0.0, 100.0, 1.0),
+        attention_efficiency=_clamp(getattr(cost, "attention_efficiency", 0.5), 1e-3, 1.0, 0.5),
+        launch_overhead_us=_clamp(getattr(cost, "launch_overhead_us", 0.0), 0.0, 1e5, 0.0),
+    )
+
+
+def fp8_peak(hw) -> float:
+    """Dense FP8 peak: the preset's, never above twice the bf16 peak (tensor cores double it)."""
+    v = getattr(hw, "peak_fp8_tflops", None)
+    p = _clamp(v, 1e-6, 1e7, 0.0) if v is not None else 0.0
+    return min(p, 2.0 * hw.peak_tflops) if p > 0 else 2.0 * hw.peak_tflops
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything the per-layer work depends on (hashable: the per-layer cache key)."""
+
+    t: int  # tensor parallel
+    etp: int
+    ep: int
+    seq: int  # full sequence length (attention span)
+    tokens: float  # tokens per GPU per micro-batch: seq / cp x micro_batch
+    mb: int  # sequences per micro-batch
+    fp8: bool
+    flash: bool
+    recompute: str  # none | selective | full
+    selective: str  # orchestrator | attention_core
+    sp: bool
+    imbalance: float
+    peak16: float  # FLOP/s
+    gemm16: float  # FLOP/s a bf16 GEMM reaches: peak x gemm_efficiency
+    gemm8: float  # ... an FP8 GEMM: FP8 peak x gemm_efficiency x fp8_gemm_efficiency
+    hbm: float  # bytes/s
+
+
+def _gemm(M: float, N: float, K: float, fp8: bool, shape: Shape, passes: float = 3.0) -> Features:
+    """fwd + dgrad + wgrad of one GEMM (passes = 3), or its forward alone (passes = 1)."""
+    if M <= 0 or N <= 0 or K <= 0:
+        return Features()
+    flops = passes * 2.0 * M * N * K
+    b_in = 1.0 if fp8 else 2.0
+    nbytes = passes * (b_in * (M * K + K * N) + 2.0 * M * N)
+    casts = passes * 2.0 * (M * K + M * N) if fp8 else 0.0  # quantise inputs and gradients (elements)
+    launches = passes * (3.0 if fp8 else 1.0) * 1e-6  # the GEMM, and two casts per FP8 GEMM
+    seconds = max(flops / (shape.gemm8 if fp8 else shape.gemm16), nbytes / shape.hbm)
+    return Features(gemm=seconds, elem=2.0 * casts / shape.hbm, kernels=launches)
+
+
+def _elem(elements: float, shape: Shape) -> Features:
+    return Features(elem=2.0 * elements / shape.hbm)
+
+
+@lru_cache(maxsize=4096)
+def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
+    """One layer, one micro-batch, one GPU."""
+    h, H, t, T = mm.h, mm.heads, s.t, s.tokens
+    f8 = s.fp8
+    seq_shard = t if s.sp else 1  # sequence parallelism shards the norms' and residuals' tokens
+    full = s.recompute == "full"
+    # Launches besides the GEMMs: norms, rotary, attention, activation, residuals (16 forward and
+    # backward), TP/SP collectives (8), a forward run again under full recompute.
+    out = Features(kernels=(16.0 + (8.0 if t > 1 else 0.0)) * (4.0 / 3.0 if full else 1.0) * 1e-6)
+    # ---- attention projections ------------------------------------------------------------------
+    proj: list[tuple[float, float, float]] = []
+    if mm.mla:
+        a = mm.mla
+        if a.q_lora_rank:
+            proj += [(T, a.q_lora_rank, h), (T, H * mm.qk_dim / t, a.q_lora_rank)]
+        else:
+            proj.append((T, H * mm.qk_dim / t, h))
+        proj += [(T, a.kv_lora_rank + a.qk_rope_head_dim, h),
+                 (T, H * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank), (T, h, H * mm.v_dim / t)]
+        up = [(T, H * mm.qk_dim / t, a.q_lora_rank)] if a.q_lora_rank else []
+        up.append((T, H * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank))
+        rope = 4.0 * (H / t + 1) * a.qk_rope_head_dim
+    else:
+        kv_local = mm.kv / t if mm.kv % t == 0 else 1.0
+        proj += [(T, (H / t + 2 * kv_local) * mm.hd, h), (T, h, H * mm.hd / t)]
+        up = []
+        rope = 4.0 * (H / t + kv_local) * mm.hd
+    for M, N, K in proj:
+        out += _gemm(M, N, K, f8, s, 4.0 if full else 3.0)
+    # ---- attention core -------------------------------------------------------------------------
+    recompute_core = s.recompute in ("full", "selective")
+    if s.flash:
+        fwd = T * H / t * (mm.qk_dim + mm.v_dim) * s.seq  # causal: half of the full score matrix
+        # attention_efficiency is the forward's. Flash attention's backward recomputes the scores,
+        # 2.5 forwards' FLOPs at about 0.7 of the forward's rate (FlashAttention-2, Dao 2023), so
+        # a step costs 1 + 2.5 / 0.7 forwards (one more when recompute runs the core again).
+        out += Features(attn=(1.0 + 2.5 / 0.7 + (1.0 if recompute_core else 0.0)) * fwd / s.peak16)
+    else:  # QK^T and AV per head over the full score matrix (2021-22 Megatron computes it all)
+        q_len = T / max(s.mb, 1)
+        passes = 4.0 if recompute_core else 3.0
+        heads = s.mb * H / t
+        g = (_gemm(q_len, s.seq, mm.qk_dim, False, s, passes)
+             + _gemm(q_len, mm.v_dim, s.seq, False, s, passes))
+        out += replace(g.scale(heads), kernels=g.kernels)  # batched over heads: one launch each
+    # ---- MLP ------------------------------------------------------------------------------------
+    mats = 3 if mm.m.mlp == "swiglu" else 2
+    act = 8.0 if mats == 3 else 5.0  # activation's elements per output element, fwd + bwd
+
+    def mlp(tokens: float, f: float, shard: int, count: float = 1.0) -> tuple[Features, float]:
+        up_n = (2 if mats == 3 else 1) * f / shard
+        g = _gemm(tokens, up_n, h, f8, s, 4.0 if full else 3.0) + _gemm(tokens, h, f / shard, f8, s,
+                                                                       4.0 if full else 3.0)
+        return g.scale(count), act * tokens * f / shard * count
+
+    if moe and mm.moe:
+        e = mm.moe
+        ep, etp = s.ep, s.etp
+        owned = T / seq_shard  # tokens this rank routes
+        out += _gemm(owned, e.experts, h, False, s, 4.0 if full else 3.0)  # router, kept in bf16
+        act_elems = 0.0
+        if e.shared_experts:
+            g, a_el = mlp(T, e.shared_experts * e.expert_ffn_hidden, t)
+            out += g
+            act_elems += a_el
+        per_expert = ep * (T * etp / t) * e.experts_per_token / e.experts * (1.0 + s.imbalance)
+        g, a_el = mlp(per_expert, e.expert_ffn_hidden, etp, count=e.experts / ep)
+        out += g
+        act_elems += a_el
+        copies = owned * e.experts_per_token * (1.0 + s.imbalance)
+        elems = act_elems + 8.0 * copies * h + 4.0 * owned * e.experts  # permute/unpermute, router softmax
+        out += Features(kernels=24.0e-6)  # router softmax/top-k/aux loss, permutes, all-to-all, sorts
+    else:
+        g, act_elems = mlp(T, mm.m.ffn_hidden, t)
+        out += g
+        elems = act_elems
+    # ---- memory-bound work ----------------------------------------------------------------------
+    elems += 16.0 * T * h / seq_shard  # two norms (fwd 2h, bwd 3h) and two residual adds
+    elems += rope * T
+    elems += 10.0 * mm.dropout * T * h / seq_shard  # dropout masks and their application
+    if full:
+        elems *= 1.4  # the forward's share of the memory-bound work, run again
+    elif s.recompute == "selective" and s.selective == "orchestrator":
+        # This runtime's (and DeepSeek-V3's) selective recompute: norms, the SwiGLU product and
+        # MLA's up-projections run again in backward.
+        elems += 4.0 * T * h / seq_shard + (3.0 / 8.0 * act_elems if mats == 3 else 0.0)
+        for M, N, K in up:
+            out += _gemm(M, N, K, f8, s, 1.0)
+    out += _elem(elems, s)
+    return out
+
+
+def output_features(mm: ModelMath, s: Shape) -> Features:
+    """The output layer and the loss on the last stage (kept in bf16 by FP8 recipes)."""
+    V = mm.V / s.t
+    g = _gemm(s.tokens, V, mm.h, False, s)
+    return g + _elem(8.0 * s.tokens * V, s)  # fp32 logits: softmax forward and its gradient
+
+
+def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
+    stack, moe = spec.stack, spec.model.moe
+    coef = coef or coefficients(hw, spec.cost)
+    return Shape(
+        t=d.tp, etp=d.etp, ep=d.ep, seq=tr.seq_len, tokens=tr.seq_len / d.cp * tr.micro_batch,
+        mb=tr.micro_batch,
+        fp8=tr.precision == "fp8", flash=bool(tr.flash_attention), recompute=str(tr.recompute.value
+                                                                                   if hasattr(tr.recompute, "value")
+                                                                                   else tr.recompute),
+        selective=str(getattr(stack.selective, "value", stack.selective)), sp=bool(spec.layout.sequence_parallel),
+        imbalance=_clamp(getattr(moe, "load_imbalance", 0.0), 0.0, 100.0, 0.0),
+        peak16=hw.peak_tflops * 1e12, gemm16=hw.peak_tflops * 1e12 * coef.gemm_efficiency,
+        gemm8=fp8_peak(hw) * 1e12 * coef.gemm_efficiency * coef.fp8, hbm=hw.hbm_gbps * 1e9)
+
+
+def stage_features(st, mm: ModelMath, s: Shape) -> Features:
+    """Every layer of one pipeline rank (all its model chunks), plus the output layer."""
+    frac = getattr(st, "recompute_frac", 1.0)
+    if s.recompute == "full" and 0.0 <= frac < 1.0:  # some layers recomputed, the others not
+        kept = _stage(st, mm, replace(s, recompute="none"))
+        return _stage(st, mm, s).scale(frac) + kept.scale(1.0 - frac) if frac > 0 else kept
+    return _stage(st, mm, s)
+
+
+def _stage(st, mm: ModelMath, s: Shape) -> Features:
+    mtp = getattr(st, "mtp", 0)
+    moe_n = st.moe_layers
+    dense_n = len(st.layers) + mtp - moe_n
+    out = Features()
+    if dense_n:
+        out += layer_features(mm, False, s).scale(dense_n)
+    if moe_n:
+        out += layer_features(mm, True, s).scale(moe_n)
+    if st.outputs:
+        out += output_features(mm, s).scale(1 + mtp)  # the MTP modules share the output head
+    return out
