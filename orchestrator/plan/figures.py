@@ -125,12 +125,8 @@ class _Glyphs:
         self.cache: dict = {}
 
     def glyph(self, c: str):
-        from PIL import Image, ImageDraw
-
         if c not in self.cache:
-            left, top, right, bottom = self.font.getbbox(c, anchor="ls")
-            mask = Image.new("L", (max(1, right - left), max(1, bottom - top)), 0)
-            ImageDraw.Draw(mask).text((-left, -top), c, font=self.font, fill=255, anchor="ls")
+            mask, (left, top) = self.font.getmask2(c, mode="L", anchor="ls")
             self.cache[c] = (mask, left, top, self.font.getlength(c))
         return self.cache[c]
 
@@ -139,8 +135,10 @@ class _Glyphs:
         width = sum(g[3] for g in glyphs)
         x -= {"left": 0.0, "center": width / 2, "right": width}[ha]
         base = y + {"top": self.ascent, "center": (self.ascent - self.descent) / 2, "bottom": -self.descent}[va]
+        ink = draw._getink(fill)[0]
         for mask, left, top, advance in glyphs:
-            draw.bitmap((round(x + left), round(base + top)), mask, fill=fill)
+            if mask.size[0] and mask.size[1]:
+                draw.draw.draw_bitmap((round(x + left), round(base + top)), mask, ink)
             x += advance
 
 
