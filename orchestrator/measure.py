@@ -56,7 +56,7 @@ def measured_step_time(run: Path, skip_first: int = 1) -> float:
 def read_run(run: Path) -> list[Measured]:
     """One measurement per attempt of a run, each against the plan it ran."""
     by_attempt: dict[int, list[float]] = {}
-    for rec in read_steps(run):
+    for rec in read_steps(run, latest=False):  # every attempt measured its own layout
         by_attempt.setdefault(int(rec.get("attempt", 0)), []).append(float(rec["step_time_s"]))
     if not by_attempt:
         by_attempt = {0: [measured_step_time(run, skip_first=0)]}  # TensorBoard only

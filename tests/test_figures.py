@@ -132,13 +132,15 @@ def test_figures_need_neither_matplotlib_nor_torch(tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == PNG
 
 
-def test_step_budget_in_ms_with_every_part_listed(demo):
-    scene, data = step_budget_scene([demo])
+def test_step_budget_in_the_unit_that_fits_with_every_part_listed(demo):
+    assert step_budget_scene([demo])[1]["unit"] == "s"  # the calibrated cpu preset: about 2 s
+    fast = plan_of(*DEMO, "hardware.kernel_efficiency=0.5")  # the same roofline, about 16 ms
+    scene, data = step_budget_scene([fast])
     assert data["unit"] == "ms"
     listed = " ".join(t.s for t in scene.page.items if isinstance(t, Text))
     for name in ("arithmetic", "TP collectives", "pipeline bubble", "P2P sends", "exposed DP", "predicted step"):
         assert name in listed  # P2P is 1% of the bar: too thin to see, so it is listed with its value
-    assert f"{demo.step.p2p * 1e6:.3g} µs" in listed
+    assert f"{fast.step.p2p * 1e6:.3g} µs" in listed
     big = plan_of("recipe=llama3_405b")
     assert step_budget_scene([big])[1]["unit"] == "s"
 
@@ -158,8 +160,8 @@ def test_plan_md_records_the_command_and_real_units(demo, tmp_path):
     md = paths["md"].read_text()
     assert "orchestrate hardware=cpu cluster.nodes=2 layout.tp=2" in md
     assert "- `layout.tp=2`" in md
-    assert "213.6K parameters" in md and "MiB" in md and "GFLOP/s" in md
-    assert "0.0B parameters" not in md and " 0.00 GiB" not in md
+    assert "213.6K parameters" in md and "MiB" in md and "FLOP/s per GPU" in md
+    assert "0.0B parameters" not in md and " 0.00 GiB" not in md and "TFLOP/s per GPU" not in md
     assert "preset hardware=cpu" in md
     assert "![cluster](cluster.png)" in md
     md = write_plan(demo, tmp_path / "nofig", figures=False)["md"].read_text()
@@ -198,8 +200,11 @@ def test_measured_steps_take_the_latest_attempt_and_its_plan(demo, tmp_path):
     _fake_run(demo, run, [2.0, 2.0, 2.0], attempt=1, start=2)  # steps 2-3 redone after a failover
     steps = read_steps(run)
     assert [(s["step"], s["attempt"]) for s in steps] == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)]
+    assert len(read_steps(run, latest=False)) == 7  # what ran, for calibration
     out = write_measured(run)
     assert out["attempt"] == 1 and out["median_s"] == 2.0
+    md = (run / "plan.md").read_text()
+    assert "| 0 | TP2 CP1 PP2 DP2 | 3 (+1 warm-up)" in md and "| 1 | TP2 CP1 PP2 DP2 | 2 (+1 warm-up)" in md
     assert not (run / "step_budget.png").exists()  # figures=false runs stay without pictures
 
 

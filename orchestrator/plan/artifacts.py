@@ -37,12 +37,14 @@ def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | N
 
 # ----------------------------------------------------------------------------- measured
 
-def read_steps(run_dir: Path) -> list[dict]:
-    """Every step a run finished: metrics.jsonl (a step re-run after a failover counts from its
-    latest attempt), or metrics.json when there is no jsonl. Each: step, step_time_s, attempt, loss."""
+def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
+    """Every step a run finished: metrics.jsonl, or metrics.json when there is no jsonl. Each:
+    step, step_time_s, attempt, loss. With `latest`, a step re-run after a failover counts once,
+    from its latest attempt (the steps that count); without, every attempt's steps (what ran)."""
     run_dir = Path(run_dir)
     jsonl, js = run_dir / "metrics.jsonl", run_dir / "metrics.json"
     by_step: dict[int, dict] = {}
+    every: list[dict] = []
     if jsonl.exists():
         for line in jsonl.read_text().splitlines():
             try:
@@ -51,10 +53,11 @@ def read_steps(run_dir: Path) -> list[dict]:
                 continue
             if "step_time_s" not in rec:
                 continue
+            every.append(rec)
             step = int(rec.get("step", len(by_step)))
             if step not in by_step or rec.get("attempt", 0) >= by_step[step].get("attempt", 0):
                 by_step[step] = rec
-        return [by_step[s] for s in sorted(by_step)]
+        return [by_step[s] for s in sorted(by_step)] if latest else every
     if js.exists():
         m = json.loads(js.read_text())
         start, attempt, loss = int(m.get("start_step", 0)), int(m.get("attempt", 0)), m.get("loss") or []
@@ -86,11 +89,11 @@ def attempt_plan(run_dir: Path, attempt: int) -> dict:
 
 
 def measured_rows(run_dir: Path) -> list[dict]:
-    """One row per attempt: its steps' statistics against the plan it ran."""
+    """One row per attempt: the steps it ran (counted or later redone) against the plan it ran."""
     from orchestrator.plan.metrics import measured_mfu
 
     run_dir = Path(run_dir)
-    steps = read_steps(run_dir)
+    steps = read_steps(run_dir, latest=False)
     attempts: dict[int, list[dict]] = {}
     for rec in steps:
         attempts.setdefault(int(rec.get("attempt", 0)), []).append(rec)

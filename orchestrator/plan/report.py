@@ -98,7 +98,7 @@ def _budget(plan) -> list[str]:
     if hw.device.value == "cpu":
         L.append(f"  hardware={hw.name} runs processes on this machine; its kernel efficiency is fitted to demo runs")
         L.append("  (orchestrate-calibrate), so this predicts this machine on runs like the demo, not a GPU")
-    L.append(f"  MFU {plan.mfu:.1%}   HFU {plan.hfu:.1%}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
+    L.append(f"  MFU {_fmt_pct(plan.mfu)}   HFU {_fmt_pct(plan.hfu)}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
              f"{plan.tokens_per_s:,.0f} tokens/s")
     pub = sp.published
     if pub is not None and pub.mfu is not None:
@@ -199,6 +199,7 @@ def render_measured(rows: list[dict], device: str = "cuda") -> str:
 
 
 def _fmt_pct(x: float | None) -> str:
+    """43.1%, or two significant digits (0.18%) where one decimal would print 0.2% or 0.0%."""
     if x is None:
         return "-"
-    return f"{x:.1%}" if x >= 0.001 else f"{x:.3%}"
+    return f"{x:.1%}" if x >= 0.01 else f"{x * 100:.2g}%"
