@@ -144,7 +144,7 @@ def command_line(command: list[str] | None) -> str | None:
     import shlex
 
     argv = list(command)
-    if not argv or not argv[0].endswith(("orchestrate", "orchestrator")):
+    if not argv or not argv[0].rsplit("/", 1)[-1].startswith("orchestrat"):  # orchestrate, orchestrate-runs
         argv = ["orchestrate", *argv]
     return shlex.join(argv)
 
