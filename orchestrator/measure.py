@@ -1,22 +1,29 @@
 """Measured feeds back: compare finished runs with their plans and refit the efficiency.
 
-    orchestrate-calibrate outputs/2026-11-29/10-00-00 [more run dirs] [--write conf/hardware/site.yaml]
+    orchestrate-calibrate RUN_DIR [RUN_DIR ...] [--write PATH]
 
 Each run directory holds the `plan.json` the run was launched with and its measured
-step times (`metrics.json`, written by the runtime, or the TensorBoard scalar
-`time/step_s`). The measured MFU is the plan's model FLOPs per step over
-(world x peak x measured step time); the refit kernel efficiency is the least-squares
-scale from the plan's useful fraction to the measured MFU (plan/calibrate.py).
+step times (`metrics.jsonl` / `metrics.json`, written by the runtime, or the TensorBoard
+scalar `time/step_s`); after a failover each attempt is compared with its own plan. The
+measured MFU is the plan's model FLOPs per step over (world x peak x median measured step,
+the first step of each attempt left out as warm-up); the refit kernel efficiency is the
+least-squares scale from the plan's useful fraction to the measured MFU (plan/calibrate.py).
+
+It prints the refit value as a one-line override (`hardware.kernel_efficiency=...`) and
+writes a hardware preset with it: by default into the first run directory
+(`RUN_DIR/hardware-NAME-calibrated.yaml`), never into the source tree unless `--write`
+names a path there (e.g. conf/hardware/site.yaml, then `hardware=site`).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.plan.artifacts import attempt_plan, read_steps, step_stats
 from orchestrator.plan.calibrate import fit_measured
 from orchestrator.plan.metrics import measured_mfu
 
@@ -24,6 +31,7 @@ from orchestrator.plan.metrics import measured_mfu
 @dataclass
 class Measured:
     run: Path
+    attempt: int
     hardware: str
     predicted_step_s: float
     measured_step_s: float
@@ -34,58 +42,81 @@ class Measured:
 
 def measured_step_time(run: Path, skip_first: int = 1) -> float:
     """Median measured step time (the first steps include warm-up)."""
-    m = run / "metrics.json"
-    if m.exists():
-        steps = json.loads(m.read_text())["step_time_s"]
-    else:
+    steps = [float(r["step_time_s"]) for r in read_steps(run)]
+    if not steps and (run / "tensorboard").exists():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         acc = EventAccumulator(str(run / "tensorboard")).Reload()
         steps = [e.value for e in acc.Scalars("time/step_s")]
-    steps = steps[skip_first:] or steps
     if not steps:
-        raise ValueError(f"{run}: no measured step times")
-    return statistics.median(steps)
+        raise ValueError(f"{run}: no measured step times (metrics.jsonl, metrics.json or tensorboard/)")
+    return step_stats(steps, skip_first)["median_s"]
 
 
-def read_run(run: Path) -> Measured:
-    plan = json.loads((run / "plan.json").read_text())
-    hw = plan["config"]["hardware"]
-    step = measured_step_time(run)
-    return Measured(run, hw["name"], plan["step"]["wall_s"], step, plan["mfu"], measured_mfu(plan, step),
-                    plan["mfu"] / hw["kernel_efficiency"])
+def read_run(run: Path) -> list[Measured]:
+    """One measurement per attempt of a run, each against the plan it ran."""
+    by_attempt: dict[int, list[float]] = {}
+    for rec in read_steps(run, latest=False):  # every attempt measured its own layout
+        by_attempt.setdefault(int(rec.get("attempt", 0)), []).append(float(rec["step_time_s"]))
+    if not by_attempt:
+        by_attempt = {0: [measured_step_time(run, skip_first=0)]}  # TensorBoard only
+    out = []
+    for attempt, times in sorted(by_attempt.items()):
+        plan = attempt_plan(run, attempt)
+        hw = plan["config"]["hardware"]
+        step = step_stats(times)["median_s"]
+        out.append(Measured(run, attempt, hw["name"], plan["step"]["wall_s"], step, plan["mfu"],
+                            measured_mfu(plan, step), plan["mfu"] / hw["kernel_efficiency"]))
+    return out
+
+
+def _significant(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="orchestrate-calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (plan.json + metrics)")
-    ap.add_argument("--write", type=Path, help="write a hardware preset with the refit efficiency here")
+    ap.add_argument("--write", type=Path, help="write the refit hardware preset here "
+                                               "(default: RUN_DIR/hardware-NAME-calibrated.yaml of the first run)")
     args = ap.parse_args(argv)
-    rows = []
+    rows: list[Measured] = []
     for run in args.runs:
         try:
-            rows.append(read_run(run))
-        except (OSError, KeyError, ValueError) as e:
+            rows += read_run(run)
+        except (OSError, KeyError, ValueError, TypeError) as e:
             print(f"error: {run}: {e}", file=sys.stderr)
             return 2
     names = {r.hardware for r in rows}
     if len(names) != 1:
         print(f"error: runs on different hardware {sorted(names)}; calibrate one preset at a time", file=sys.stderr)
         return 2
+    name = names.pop()
     print(f"{'run':<48} {'pred step':>10} {'meas step':>10} {'pred MFU':>9} {'meas MFU':>9}")
     for r in rows:
-        print(f"{str(r.run)[-48:]:<48} {r.predicted_step_s:10.4f} {r.measured_step_s:10.4f} "
+        where = str(r.run) + (f" #{r.attempt}" if r.attempt else "")
+        print(f"{where[-48:]:<48} {r.predicted_step_s:10.4f} {r.measured_step_s:10.4f} "
               f"{r.predicted_mfu:9.2%} {r.measured_mfu:9.2%}")
-    eff = fit_measured([(r.useful_fraction, r.measured_mfu) for r in rows])
-    print(f"refit kernel_efficiency for {names.pop()}: {eff:.4f}")
-    if args.write:
-        plan = json.loads((rows[0].run / "plan.json").read_text())
-        hw = dict(plan["config"]["hardware"], kernel_efficiency=round(eff, 4))
-        from omegaconf import OmegaConf
+    try:
+        eff = _significant(fit_measured([(r.useful_fraction, r.measured_mfu) for r in rows]))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    plan = attempt_plan(rows[0].run, rows[0].attempt)
+    old = plan["config"]["hardware"]["kernel_efficiency"]
+    print(f"refit kernel_efficiency for hardware={name}: {eff:g} (was {old:g}); predicted steps scale by "
+          f"{old / eff:.3g}x")
+    print(f"use it as an override:  hardware={name} hardware.kernel_efficiency={eff:g}")
+    out = args.write or rows[0].run / f"hardware-{name}-calibrated.yaml"
+    hw = dict(plan["config"]["hardware"], kernel_efficiency=eff)
+    from omegaconf import OmegaConf
 
-        args.write.write_text("# refit by orchestrate-calibrate from measured runs\n" + OmegaConf.to_yaml(hw))
-        print(f"wrote {args.write}")
+    runs = ", ".join(str(r) for r in dict.fromkeys(r.run for r in rows))
+    out.write_text(f"# Refit by orchestrate-calibrate on {time.strftime('%Y-%m-%d')} from {len(rows)} measured "
+                   f"attempt(s): {runs}\n# kernel_efficiency was {old:g}; the other values are the runs' preset.\n"
+                   + OmegaConf.to_yaml(hw))
+    print(f"wrote {out} (copy it to conf/hardware/<name>.yaml to select it as hardware=<name>)")
     return 0
 
 

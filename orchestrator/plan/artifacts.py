@@ -1,7 +1,9 @@
-"""What a plan leaves in its run directory: plan.json, plan.md and the pictures."""
+"""What a plan leaves in its run directory (plan.json, plan.md, the pictures) and, after a
+run, what is measured against it (`write_measured`). Torch-free: the launcher calls both."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 
@@ -11,16 +13,144 @@ def json_default(x):
     raise TypeError(f"not JSON serialisable: {type(x)}")
 
 
-def write_plan(plan, out_dir: Path, figures: bool = True) -> dict[str, Path]:
-    """plan.json, plan.md and (optionally) the figures, next to each other."""
+def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | None = None,
+               overrides: list[str] | None = None) -> dict[str, Path]:
+    """plan.json, plan.md and (optionally) the figures, next to each other.
+
+    `command` is the argv to record in plan.md (`orchestrate` is put in front when it is
+    missing); `overrides` the key=value list it amounts to (default: the key=value words of
+    `command`; give them when the command does not spell them, as `orchestrate-runs resume`)."""
     from orchestrator.plan.report import render_markdown
 
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = bool(figures and plan.valid and plan.layout is not None)
     paths = {"json": out_dir / "plan.json", "md": out_dir / "plan.md"}
     paths["json"].write_text(json.dumps(plan.to_json(), indent=2, default=json_default) + "\n")
-    paths["md"].write_text(render_markdown(plan))
-    if figures and plan.layout is not None:
+    paths["md"].write_text(render_markdown(plan, command, overrides, figures=drawn))
+    if drawn:
         from orchestrator.plan.figures import write_figures
 
         paths.update(write_figures(plan, out_dir))
     return paths
+
+
+# ----------------------------------------------------------------------------- measured
+
+def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
+    """Every step a run finished: metrics.jsonl, or metrics.json when there is no jsonl. Each:
+    step, step_time_s, attempt, loss. With `latest`, a step re-run after a failover counts once,
+    from its latest attempt (the steps that count); without, every attempt's steps (what ran)."""
+    run_dir = Path(run_dir)
+    jsonl, js = run_dir / "metrics.jsonl", run_dir / "metrics.json"
+    by_step: dict[int, dict] = {}
+    every: list[dict] = []
+    if jsonl.exists():
+        for line in jsonl.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            if "step_time_s" not in rec:
+                continue
+            every.append(rec)
+            step = int(rec.get("step", len(by_step)))
+            if step not in by_step or rec.get("attempt", 0) >= by_step[step].get("attempt", 0):
+                by_step[step] = rec
+        return [by_step[s] for s in sorted(by_step)] if latest else every
+    if js.exists():
+        m = json.loads(js.read_text())
+        start, attempt, loss = int(m.get("start_step", 0)), int(m.get("attempt", 0)), m.get("loss") or []
+        return [{"step": start + i, "step_time_s": t, "attempt": attempt, "loss": loss[i] if i < len(loss) else None}
+                for i, t in enumerate(m.get("step_time_s") or [])]
+    return []
+
+
+def step_stats(times: list[float], warmup: int = 1) -> dict:
+    """Median and p10/p90 of step times, the first `warmup` steps left out (when more remain)."""
+    if not times:
+        raise ValueError("no measured step times")
+    kept = times[warmup:] if len(times) > warmup else list(times)
+    q = sorted(kept)
+
+    def pct(p: float) -> float:
+        i = p * (len(q) - 1)
+        lo = int(i)
+        return q[lo] + (q[min(lo + 1, len(q) - 1)] - q[lo]) * (i - lo)
+
+    return {"median_s": statistics.median(kept), "p10_s": pct(0.1), "p90_s": pct(0.9), "mean_s": sum(kept) / len(kept),
+            "steps": len(kept), "warmup_steps": len(times) - len(kept)}
+
+
+def attempt_plan(run_dir: Path, attempt: int) -> dict:
+    """The plan an attempt ran: attemptN/plan.json after a failover re-plan, else plan.json."""
+    p = Path(run_dir) / f"attempt{attempt}" / "plan.json"
+    return json.loads((p if attempt and p.exists() else Path(run_dir) / "plan.json").read_text())
+
+
+def measured_rows(run_dir: Path) -> list[dict]:
+    """One row per attempt: the steps it ran (counted or later redone) against the plan it ran."""
+    from orchestrator.plan.metrics import measured_mfu
+
+    run_dir = Path(run_dir)
+    steps = read_steps(run_dir, latest=False)
+    attempts: dict[int, list[dict]] = {}
+    for rec in steps:
+        attempts.setdefault(int(rec.get("attempt", 0)), []).append(rec)
+    rows = []
+    for attempt, recs in sorted(attempts.items()):
+        plan = attempt_plan(run_dir, attempt)
+        if not plan.get("step"):
+            continue
+        stats = step_stats([float(r["step_time_s"]) for r in recs])
+        hw = plan["config"]["hardware"]
+        tr = plan["config"]["training"]
+        losses = [r.get("loss") for r in recs if r.get("loss") is not None]
+        predicted = plan["step"]["wall_s"]
+        rows.append({
+            "attempt": attempt, "layout": plan["layout"]["label"], **stats,
+            "first_step": recs[0].get("step"), "predicted_s": predicted, "ratio": stats["median_s"] / predicted,
+            "measured_mfu": measured_mfu(plan, stats["median_s"]), "predicted_mfu": plan["mfu"],
+            "tokens_per_s": tr["global_batch"] * tr["seq_len"] / stats["median_s"],
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "hardware": hw["name"], "kernel_efficiency": hw["kernel_efficiency"], "device": hw.get("device", "cuda"),
+        })
+    return rows
+
+
+def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
+    """After a run: add the measured-vs-predicted section to plan.md (replacing an earlier one)
+    and redraw step_budget.png with the measured bar beside the predicted one. `figures=None`
+    redraws it when write_plan drew one (figures=false runs stay without pictures). Returns
+    the last attempt's row and a one-line summary (`line`) for the console, or None when the
+    run measured no step."""
+    from orchestrator.plan.report import MEASURED_END, MEASURED_START, render_measured
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "plan.json").exists():
+        return None
+    rows = measured_rows(run_dir)
+    if not rows:
+        return None
+    last = rows[-1]
+    md = run_dir / "plan.md"
+    text = md.read_text() if md.exists() else "# Plan\n"
+    if MEASURED_START in text:
+        head, _, rest = text.partition(MEASURED_START)
+        text = head + (rest.partition(MEASURED_END)[2].lstrip("\n"))
+    md.write_text(text.rstrip("\n") + "\n\n" + render_measured(rows, last["device"]))
+    plan = attempt_plan(run_dir, last["attempt"])
+    if figures is None:  # redraw the picture the plan left, if it left one
+        figures = (run_dir / "step_budget.png").exists()
+    out = dict(last, plan_md=md)
+    if figures and plan.get("valid"):
+        from orchestrator.plan.figures import write_step_budget
+
+        label = "measured" + (f" (attempt {last['attempt']})" if last["attempt"] else "")
+        out["step_budget"] = write_step_budget(plan, run_dir / "step_budget.png", measured=dict(last, label=label))
+    from orchestrator.plan.figures import fmt_time
+
+    out["line"] = (f"measured {fmt_time(last['median_s'])} per step (median of {last['steps']}) vs predicted "
+                   f"{fmt_time(last['predicted_s'])} on hardware={last['hardware']}: {last['ratio']:.2f}x "
+                   f"(details in {md})")
+    return out

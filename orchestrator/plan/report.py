@@ -92,9 +92,13 @@ def _budget(plan) -> list[str]:
     L += [f"  {label:<16} {_fmt_s(getattr(st, key)):>12}  {getattr(st, key) / st.total_s:6.1%}"
           for key, label in STEP_PARTS if getattr(st, key) > 0 or key == "compute"]
     L.append(f"  {'total':<16} {_fmt_s(st.total_s):>12}")
-    L.append(f"  predicted wall-clock step {_fmt_s(st.wall_s)} at kernel efficiency "
-             f"{sp.hardware.kernel_efficiency:.2f} (hardware={sp.hardware.name})")
-    L.append(f"  MFU {plan.mfu:.1%}   HFU {plan.hfu:.1%}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
+    hw = sp.hardware
+    L.append(f"  predicted wall-clock step {_fmt_s(st.wall_s)} = roofline / kernel efficiency "
+             f"{hw.kernel_efficiency:.3g} (preset hardware={hw.name})")
+    if hw.device.value == "cpu":
+        L.append(f"  hardware={hw.name} runs processes on this machine; its kernel efficiency is fitted to demo runs")
+        L.append("  (orchestrate-calibrate), so this predicts this machine on runs like the demo, not a GPU")
+    L.append(f"  MFU {_fmt_pct(plan.mfu)}   HFU {_fmt_pct(plan.hfu)}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
              f"{plan.tokens_per_s:,.0f} tokens/s")
     pub = sp.published
     if pub is not None and pub.mfu is not None:
@@ -133,8 +137,69 @@ def render_table(plan) -> str:
     return "\n".join(_lines(plan))
 
 
-def render_markdown(plan) -> str:
-    body = "\n".join(_lines(plan))
-    head = "# Plan\n\n" + ("**valid**" if plan.valid else "**REJECTED**") + "\n\n"
-    figs = "\n\n![cluster](cluster.png)\n\n![step budget](step_budget.png)\n" if plan.valid else "\n"
-    return head + "```\n" + body + "\n```" + figs
+def command_line(command: list[str] | None) -> str | None:
+    """The command as a shell would take it back: `orchestrate key=value ...`."""
+    if command is None:
+        return None
+    import shlex
+
+    argv = list(command)
+    if not argv or not argv[0].rsplit("/", 1)[-1].startswith("orchestrat"):  # orchestrate, orchestrate-runs
+        argv = ["orchestrate", *argv]
+    return shlex.join(argv)
+
+
+def render_markdown(plan, command: list[str] | None = None, overrides: list[str] | None = None,
+                    figures: bool = True) -> str:
+    """plan.md: the verdict, the exact command and its overrides, the table, the pictures."""
+    sp, d = plan.spec, plan.layout
+    title = "# Plan" + (f": {sp.model.name} on {plan.world_size:,} x {sp.hardware.name}" if sp else "") + \
+        (f", {d.label()}" if d else "")
+    out = [title, "", "**valid**" if plan.valid else "**REJECTED**", ""]
+    line = command_line(command)
+    if line is not None:
+        if overrides is None:
+            overrides = [a for a in command if "=" in a and not a.startswith("-")]
+        out += ["## Command", "", "```bash", line, "```", ""]
+        out += (["Overrides (on top of conf/config.yaml's defaults):", ""] + [f"- `{o}`" for o in overrides]
+                if overrides else ["No overrides: conf/config.yaml's defaults."]) + [""]
+    out += ["## Prediction", "", "```", "\n".join(_lines(plan)), "```", ""]
+    if plan.valid and figures:
+        out += ["## Pictures", "", "![cluster](cluster.png)", "", "![step budget](step_budget.png)", ""]
+    return "\n".join(out)
+
+
+MEASURED_START, MEASURED_END = "<!-- measured: start -->", "<!-- measured: end -->"
+
+
+def render_measured(rows: list[dict], device: str = "cuda") -> str:
+    """plan.md's measured-vs-predicted section, one row per attempt (a failover re-plans)."""
+    out = [MEASURED_START, "## Measured vs predicted", "",
+           "| attempt | layout | steps | measured step (median, p10-p90) | predicted step | measured / predicted "
+           "| MFU measured / predicted | tokens/s measured | loss first -> last |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        loss = (f"{r['loss_first']:.4f} -> {r['loss_last']:.4f}" if r.get("loss_first") is not None else "-")
+        out.append(f"| {r['attempt']} | {r['layout']} | {r['steps']} (+{r['warmup_steps']} warm-up) | "
+                   f"{_fmt_s(r['median_s'])} ({_fmt_s(r['p10_s'])}-{_fmt_s(r['p90_s'])}) | "
+                   f"{_fmt_s(r['predicted_s'])} | {r['ratio']:.2f}x | "
+                   f"{_fmt_pct(r['measured_mfu'])} / {_fmt_pct(r['predicted_mfu'])} | "
+                   f"{r['tokens_per_s']:,.0f} | {loss} |")
+    last = rows[-1]
+    verdict = ("within 2x of the prediction" if 0.5 <= last["ratio"] <= 2.0 else
+               "more than 2x off the prediction: refit with orchestrate-calibrate on this run")
+    out += ["", f"The measured step is {last['ratio']:.2f}x the predicted one ({verdict}); the prediction rests "
+                f"on hardware={last['hardware']} at kernel efficiency {last['kernel_efficiency']:.3g}. "
+                f"Step times: metrics.jsonl (the first step of each attempt is warm-up, left out)."]
+    if device == "cpu":
+        out += ["", "On a CPU preset the kernel efficiency is fitted to demo runs on one machine: it lumps Python, "
+                    "gloo and scheduling overhead with the arithmetic, so the prediction means this machine's speed "
+                    "on runs like the demo, not a GPU's."]
+    return "\n".join(out + ["", MEASURED_END, ""])
+
+
+def _fmt_pct(x: float | None) -> str:
+    """43.1%, or two significant digits (0.18%) where one decimal would print 0.2% or 0.0%."""
+    if x is None:
+        return "-"
+    return f"{x:.1%}" if x >= 0.01 else f"{x * 100:.2g}%"
