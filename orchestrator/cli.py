@@ -121,7 +121,7 @@ def run(overrides: list[str], argv: list[str]) -> int:
         problems = launcher.preflight()
         if problems:
             return print_rejection(problems, "submitted" if plan.spec.launcher.name.value == "slurm" else "launched")
-    paths = write_plan(plan, run_dir, figures=plan.spec.figures and plan.valid)
+    paths = write_plan(plan, run_dir, figures=plan.spec.figures and plan.valid, command=argv, overrides=overrides)
     write_config(run_dir, cfg, overrides, argv)
     print(f"\nplan written to {paths['json']}" + (" (pictures beside it)" if "cluster" in paths else ""))
     if not plan.valid:
@@ -203,4 +203,4 @@ def _runs(args) -> int:
     for line in runs.code_drift(args.run):
         print(f"warning: {line}", file=sys.stderr)
     overrides = runs.resume_overrides(args.run, args.overrides)
-    return run(overrides, ["resume", str(args.run), *args.overrides])
+    return run(overrides, ["orchestrate-runs", "resume", str(args.run), *args.overrides])

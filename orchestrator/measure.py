@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -98,23 +99,30 @@ def main(argv: list[str] | None = None) -> int:
         where = str(r.run) + (f" #{r.attempt}" if r.attempt else "")
         print(f"{where[-48:]:<48} {r.predicted_step_s:10.4f} {r.measured_step_s:10.4f} "
               f"{r.predicted_mfu:9.2%} {r.measured_mfu:9.2%}")
-    try:
-        eff = _significant(fit_measured([(r.useful_fraction, r.measured_mfu) for r in rows]))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     plan = attempt_plan(rows[0].run, rows[0].attempt)
-    old = plan["config"]["hardware"]["kernel_efficiency"]
-    print(f"refit kernel_efficiency for hardware={name}: {eff:g} (was {old:g}); predicted steps scale by "
-          f"{old / eff:.3g}x")
-    print(f"use it as an override:  hardware={name} hardware.kernel_efficiency={eff:g}")
+    hwc = plan["config"]["hardware"]
+    model = plan["config"].get("cost", {}).get("kernel_model") or hwc.get("kernel_model", "constant")
+    if model == "constant":  # MFU = useful fraction x kernel efficiency: closed-form least squares
+        try:
+            eff = _significant(fit_measured([(r.useful_fraction, r.measured_mfu) for r in rows]))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        key, old = "kernel_efficiency", hwc["kernel_efficiency"]
+    else:  # the shape-aware model: scale the GEMM ceiling by how much faster or slower the runs were
+        ratio = statistics.median(r.predicted_step_s / r.measured_step_s for r in rows)
+        key, old = "gemm_efficiency", hwc["gemm_efficiency"]
+        eff = _significant(min(1.0, old * ratio))
+    print(f"refit {key} for hardware={name} ({model} kernel model): {eff:g} (was {old:g}); predicted steps "
+          f"scale by about {old / eff:.3g}x")
+    print(f"use it as an override:  hardware={name} hardware.{key}={eff:g}")
     out = args.write or rows[0].run / f"hardware-{name}-calibrated.yaml"
-    hw = dict(plan["config"]["hardware"], kernel_efficiency=eff)
+    hw = dict(hwc, **{key: eff})
     from omegaconf import OmegaConf
 
     runs = ", ".join(str(r) for r in dict.fromkeys(r.run for r in rows))
     out.write_text(f"# Refit by orchestrate-calibrate on {time.strftime('%Y-%m-%d')} from {len(rows)} measured "
-                   f"attempt(s): {runs}\n# kernel_efficiency was {old:g}; the other values are the runs' preset.\n"
+                   f"attempt(s): {runs}\n# {key} was {old:g}; the other values are the runs' preset.\n"
                    + OmegaConf.to_yaml(hw))
     print(f"wrote {out} (copy it to conf/hardware/<name>.yaml to select it as hardware=<name>)")
     return 0

@@ -318,10 +318,6 @@ def test_dualpipe_rules_are_deepseeks():
     assert not plan_of(*v, "training.global_batch=3").valid
 
 
-@pytest.mark.xfail(strict=True, reason="plan/cost.py auto_order moves pp last only when ep > 1 "
-                   "(expert_needs_pp_last); an MoE model with ep = 1 and cp > 1 or etp != tp needs it too, and "
-                   "under stack.pipeline_rules=megatron a dense model with cp > 1 (issue 18, asked of cost.py's "
-                   "owner). Remove this mark when it passes.")
 @pytest.mark.parametrize("overrides", [MOE + ["layout.cp=2"], MOE + ["layout.tp=2", "layout.etp=1"],
                                        TINY + ["layout.cp=2"] + MEGATRON])
 def test_auto_order_keeps_the_rules_of_both_grids(overrides):

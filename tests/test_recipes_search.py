@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, plan_of
+from conftest import ROOT, plan_of, run_cli
 from orchestrator.config.recipes import recipe_names
 from orchestrator.plan.calibrate import current_params, fit, load_rows, load_runs, predict
 
@@ -116,16 +116,19 @@ def test_calibration_benchmark_prints_every_row(tmp_path):
     assert "mean absolute error" in r.stdout and "per source family" in r.stdout
 
 
-def test_measured_runs_refit_the_efficiency(cli, tmp_path):
-    """A finished run whose steps took 25% longer than predicted refits the efficiency by 0.8."""
+@pytest.mark.parametrize("model,key", [("constant", "kernel_efficiency"), ("shape", "gemm_efficiency")])
+def test_measured_runs_refit_the_efficiency(tmp_path, model, key):
+    """A finished run whose steps took 25% longer than predicted refits the efficiency by 0.8
+    (the one kernel efficiency, or the shape-aware model's GEMM ceiling)."""
     from orchestrator.measure import main as calibrate_main
 
-    r = cli("recipe=llama3_405b", "figures=false")
+    r = run_cli(["recipe=llama3_405b", "figures=false", f"cost.kernel_model={model}"], tmp_path)
     assert r.returncode == 0
-    plan = json.loads((cli.dir / "plan.json").read_text())
+    run = tmp_path / "run"
+    plan = json.loads((run / "plan.json").read_text())
     predicted = plan["step"]["wall_s"]
-    (cli.dir / "metrics.json").write_text(json.dumps({"step_time_s": [predicted * 3] + [predicted * 1.25] * 5}))
+    (run / "metrics.json").write_text(json.dumps({"step_time_s": [predicted * 3] + [predicted * 1.25] * 5}))
     out = tmp_path / "site.yaml"
-    assert calibrate_main([str(cli.dir), "--write", str(out)]) == 0
-    text = out.read_text()
-    assert f"kernel_efficiency: {round(0.6 * 0.8, 4)}" in text
+    assert calibrate_main([str(run), "--write", str(out)]) == 0
+    before = plan["config"]["hardware"][key]
+    assert f"{key}: {round(before * 0.8, 4)}" in out.read_text()

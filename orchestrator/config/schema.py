@@ -63,6 +63,11 @@ class BatchPolicy(str, Enum):
 Schedule = Enum("Schedule", {name: name for name in SCHEDULES}, type=str)
 
 
+class KernelModel(str, Enum):
+    constant = "constant"  # one hardware.kernel_efficiency for everything (the planner's first model)
+    shape = "shape"  # per-GEMM roofline at the per-GPU shapes, memory-bound work, attention, overheads
+
+
 @dataclass
 class TierConfig:
     """A network tier above the node: GPUs per block and bandwidth per GPU."""
@@ -100,6 +105,8 @@ class HardwareConfig:
     # interruptions in 54 days on 16,384 GPUs = 1.97e-5 per GPU-hour).
     failures_per_gpu_hour: float = 1.97e-5
     storage_gbps: float = 500.0  # aggregate checkpoint write bandwidth, GB/s
+    # which kernel model this preset's efficiency was fitted for (cost.kernel_model overrides it)
+    kernel_model: KernelModel = KernelModel.shape
     device: Device = Device.cuda  # the runtime's device type
     backend: Backend = Backend.nccl
 
@@ -118,11 +125,6 @@ class PipelineRules(str, Enum):
 class DPWindow(str, Enum):
     step = "step"  # dp_overlap x the step's compute (this runtime's first model)
     microbatch = "microbatch"  # the last micro-batch's backward and the next step's first forward
-
-
-class KernelModel(str, Enum):
-    constant = "constant"  # one hardware.kernel_efficiency for everything (the planner's first model)
-    shape = "shape"  # per-GEMM roofline at the per-GPU shapes, memory-bound work, attention, overheads
 
 
 class Selective(str, Enum):
@@ -298,7 +300,8 @@ class CostConfig:
     # Count attention's own FLOPs (causal, as a flash kernel computes them). The
     # seed's worked example counts only 6 * N * tokens: set false to reproduce it.
     attention_flops: bool = True
-    kernel_model: KernelModel = KernelModel.shape
+    # None: the hardware preset's (hardware.kernel_model: what its efficiency was fitted for)
+    kernel_model: Optional[KernelModel] = None
     # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
     # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
     elementwise: float = 0.79  # weight of the memory-bound work (norms, activations, casts, softmax)

@@ -91,6 +91,7 @@ class SrunWorkers(Workers):
             self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
                                         policy.decide, self.spec.failover.quorum_s, host=socket.gethostname())
             env = {**env, **self.services.env}
+            self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable)
         cmd.insert(1, f"--output={plan_dir / 'logs' / 'rank%t.log'}")
         job = os.environ.get("SLURM_JOB_ID", "0")
@@ -117,12 +118,17 @@ class SrunWorkers(Workers):
                 if node in self.lost:
                     continue
                 self.lost.append(node)
+                copies = []
+                if self.policy is not None:  # copies the coordinator has not already dropped
+                    copies = sorted(set(self.node_copies[node]) & set(self.services.coordinator.current.copies))
+                    if not copies:
+                        continue
                 why = why_not_in_place(self.policy.plan) if self.policy is not None else "one copy of the state"
                 if why:  # end the step: its survivors would wait on the dead ranks
                     self.stop()
                     return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); not in place: {why}")
                 self.policy.detected = self.policy.detected or time.time()
-                self.services.coordinator.lost(self._copies_on(node))
+                self.services.coordinator.lost(copies)
             if self.policy is not None:
                 self.policy.poll()
             if code is not None:

@@ -84,6 +84,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             write_status(run_dir, next_attempt=attempt + 1)
         if outcome.ok:
             write_status(run_dir, state="completed", message=f"finished after {failovers} failover(s)")
+            _measured(run_dir, say)
             return 0
         if outcome.stopped:
             write_status(run_dir, state="stopped", message=outcome.cause)
@@ -125,3 +126,16 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
             f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
         alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1
+
+
+def _measured(run_dir: Path, say) -> None:
+    """plan.md and step_budget.png gain the measured step beside the predicted one."""
+    from orchestrator.plan.artifacts import write_measured
+
+    try:
+        m = write_measured(run_dir)
+    except (OSError, ValueError, KeyError) as e:  # a run without usable metrics: say so, do not fail the run
+        say(f"measured-vs-predicted not written: {type(e).__name__}: {e}")
+        return
+    if m:
+        say(m["line"])

@@ -42,6 +42,7 @@ from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.axes import AXES, CANONICAL_ORDER
 from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.topology import Tier, tiers_for
@@ -250,16 +251,9 @@ def auto_order(axes: dict[str, AxisReport], d: Layout) -> list[str]:
     # Size-1 axes do not move any rank; they keep their canonical (Meta) positions and the
     # live axes fill the other positions in ranked order.
     order = [next(ranked) if a in names else a for a in CANONICAL_ORDER]
-    if expert_needs_pp_last(d):
+    if check_order(d, order):  # the two grids would disagree on pipeline groups (or Megatron's rule)
         order = [a for a in order if a != "pp"] + ["pp"]
     return order
-
-
-def expert_needs_pp_last(d: Layout) -> bool:
-    """Experts that fold data parallelism in need pipeline parallelism outermost, or an
-    expert group would span pipeline stages (Megatron-Core, initialize_model_parallel:
-    the order ends with pp, or pp == 1, or the expert and dense data-parallel sizes agree)."""
-    return d.ep > 1 and d.pp > 1 and d.edp != d.dp
 
 
 # ---- tiers seen by one group ---------------------------------------------------------------------
@@ -413,7 +407,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
         pp.exposed_s, pp.hidden_s = p2p, max(pp.seconds - p2p, 0.0)
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
-    constant = spec is None or _enum(spec.cost.kernel_model) == "constant"
+    constant = spec is None or _enum(spec.cost.kernel_model or spec.hardware.kernel_model) == "constant"
     if constant:
         eff = hw.kernel_efficiency
         wall_s = total / eff

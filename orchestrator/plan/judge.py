@@ -41,43 +41,6 @@ def judge_cross_node_tp(plan, tier_list: list[Tier]) -> None:
 
 # The keys the stack, fabric and kernel model added, with their physical ranges (plan/validate.py
 # bounds the older keys before planning; these are judged once the plan has numbers to quote).
-MODEL_LIMITS: dict[str, tuple[float, float]] = {
-    "hardware.gemm_efficiency": (1e-3, 1.0), "hardware.peak_fp8_tflops": (1e-6, 1e7),
-    "cost.elementwise": (0.0, 100.0), "cost.attention_efficiency": (1e-3, 1.0),
-    "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
-    "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
-    "stack.ep_comm_sm_fraction": (0.0, 0.9), "stack.grad_reduce_bytes": (0.0, 16.0),
-    "training.recompute_layers": (0, 4096), "training.mtp_depth": (0, 16),
-}
-
-
-def _value(spec, dotted: str):
-    obj = spec
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
-def judge_inputs(plan) -> None:
-    """The newer keys inside their physical range, and a prediction that respects the peak
-    (an FP8 run's model FLOPs may exceed the bf16 peak only up to the FP8 one)."""
-    spec = plan.spec
-    for key, (lo, hi) in MODEL_LIMITS.items():
-        v = _value(spec, key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-            plan.errors.append(Problem(key, f"is out of range, got {v!r}; a real configuration has "
-                                            f"{lo:g} <= {key} <= {hi:g}.", f"set {key} to a value in that range."))
-    if plan.mfu is not None and not plan.mfu <= 1.0:
-        plan.errors.append(Problem(
-            "cost, hardware.peak_tflops", f"the kernel model predicts {plan.tflops_per_gpu:.0f} TFLOP/s of model "
-            f"FLOPs per GPU, above the {spec.hardware.peak_tflops:g} TFLOP/s bf16 peak (MFU {plan.mfu:.2f}): the "
-            f"hardware's peaks or the cost.* coefficients are inconsistent.",
-            "check hardware.peak_tflops against hardware.peak_fp8_tflops, and cost.* against the fitted "
-            "defaults (benchmarks/calibration.py)."))
-
-
 def judge_memory(plan) -> None:
     spec, d, mem = plan.spec, plan.layout, plan.memory
     if mem.fits:

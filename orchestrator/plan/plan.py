@@ -15,12 +15,12 @@ from orchestrator.config.schema import Config
 from orchestrator.plan.axes import AXES, FSDP_DIMS, MESH_DIMS, REPLICATE_DIMS
 from orchestrator.plan.cost import AxisReport, Step, auto_order, axis_traffic, step_time
 from orchestrator.plan.inventory import Memory, inventory
-from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_inputs, judge_memory
+from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_memory
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import build_stages
 from orchestrator.plan.topology import RankGrid, Tier, tiers_for
-from orchestrator.plan.validate import validate
+from orchestrator.plan.validate import check_order, validate
 
 
 @dataclass
@@ -107,6 +107,10 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
                           spec.stack.selective, tr.recompute_layers, tr.mtp_depth)
     axes = axis_traffic(stages, layout, mm, tr, hw, spec.layout.sequence_parallel, spec)
     order = order_override or layout.order or auto_order(axes, layout)
+    problems = check_order(layout, order) if not layout.order else []  # a written order was checked already
+    if problems:
+        plan.errors += problems
+        return plan
     tiers = _place(axes, layout, order, spec)
     step = step_time(stages, layout, mm, tr, hw, axes, tiers, spec, order)
     memory = inventory(stages, layout, hw, tr, mm.V, spec)
@@ -124,7 +128,6 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     plan.blast_radius = blast_radius(plan, mm)
     judge_cross_node_tp(plan, tiers_for(spec))
     judge_memory(plan)
-    judge_inputs(plan)
     plan.valid = not plan.errors
     return plan
 

@@ -93,8 +93,9 @@ def _budget(plan) -> list[str]:
           for key, label in STEP_PARTS if getattr(st, key) > 0 or key == "compute"]
     L.append(f"  {'total':<16} {_fmt_s(st.total_s):>12}")
     hw = sp.hardware
-    L.append(f"  predicted wall-clock step {_fmt_s(st.wall_s)} = roofline / kernel efficiency "
-             f"{hw.kernel_efficiency:.3g} (preset hardware={hw.name})")
+    model = (sp.cost.kernel_model or hw.kernel_model).value
+    L.append(f"  predicted wall-clock step {_fmt_s(st.wall_s)} = roofline / effective kernel efficiency "
+             f"{st.kernel_efficiency:.3g} ({model} kernel model, preset hardware={hw.name})")
     if hw.device.value == "cpu":
         L.append(f"  hardware={hw.name} runs processes on this machine; its kernel efficiency is fitted to demo runs")
         L.append("  (orchestrate-calibrate), so this predicts this machine on runs like the demo, not a GPU")

@@ -114,6 +114,11 @@ def _best_for(spec, c: Candidate, mm: ModelMath, refine: bool, micro_batches=(1,
     for b in micro_batches:
         if spec.training.global_batch % (c.dp * b):
             continue
+        m = spec.training.global_batch // (c.dp * b)
+        if c.pp > 1 and m < c.pp:  # a stack may run it (Megatron caps the warm-up), but the search
+            reason = reason or (f"{c.label()}: {m} micro-batch(es) cannot fill {c.pp} pipeline stages "
+                                f"(bubble {(c.pp - 1) / (m + c.pp - 1):.0%})")  # never proposes such a pipeline
+            continue
         for schedule, vp in _schedules(spec, c, b, refine):
             for rec in RECOMPUTE:
                 var = _variant(spec, c, schedule=schedule, vp=vp, recompute=rec, micro_batch=b)

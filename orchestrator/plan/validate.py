@@ -52,6 +52,12 @@ LIMITS: dict[str, tuple[float, float]] = {
     "search.top": (1, 1000), "cluster.spare_nodes": (0, 1 << 18), "stack.zero": (0, 3), "stack.grad_bytes": (0, 16),
     "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
     "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600),
+    "hardware.gemm_efficiency": (1e-3, 1.0), "hardware.peak_fp8_tflops": (1e-6, 1e7),
+    "cost.elementwise": (0.0, 100.0), "cost.attention_efficiency": (1e-3, 1.0),
+    "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
+    "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
+    "stack.ep_comm_sm_fraction": (0.0, 0.9), "stack.grad_reduce_bytes": (0.0, 16.0),
+    "training.recompute_layers": (0, 4096), "training.mtp_depth": (0, 16),
 }
 
 
