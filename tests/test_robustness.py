@@ -176,18 +176,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _ranks_of(parent: int) -> list[int]:
-    out = []
+def _ranks_of(launcher: int) -> list[int]:
+    """The launcher's ranks: its worker processes, or the children of its fork server."""
+    procs = {}
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                stat = (p / "stat").read_text().split()
-                cmd = (p / "cmdline").read_bytes()
-            except OSError:
+                procs[int(p.name)] = (int((p / "stat").read_text().split()[3]), (p / "cmdline").read_bytes())
+            except (OSError, IndexError, ValueError):
                 continue
-            if int(stat[3]) == parent and b"orchestrator.train.worker" in cmd:
-                out.append(int(p.name))
-    return out
+    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and b"orchestrator.launch.forkserver" in cmd}
+    return [pid for pid, (ppid, cmd) in procs.items()
+            if (ppid == launcher and b"orchestrator.train.worker" in cmd) or ppid in servers]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])

@@ -6,10 +6,11 @@ LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Output lines are prefix
 by node and rank and kept in RUN_DIR/logs/. Each worker leads its own process group,
 so killing it leaves nothing behind, and dies with the launcher whatever ends it:
 Linux delivers SIGKILL to each rank when its parent dies (PR_SET_PDEATHSIG).
+The ranks of the default worker are forked from one process that imported the runtime
+once (launch/forkserver.py; ORCH_FORK_SERVER=0 starts each with its own interpreter).
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -20,8 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-
+from orchestrator.launch.forkserver import die_with_parent as _die_with_parent
 
 ECHOED = ("step ", "generation ", "resumed from", "copy ", "stopping after")  # whichever rank says them
 WARNED = ("Error", "Traceback", "CHECKPOINT", "NO INTACT")
@@ -48,14 +48,6 @@ class LocalResult:
         return self.returncode == 0
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL this rank when the launcher dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _describe(code: int) -> str:
     if code < 0:
         try:
@@ -72,7 +64,9 @@ class LocalJob:
         self.world = nodes * gpus_per_node
         self.env, self.echo = env or {}, echo
         self.worker = worker or [sys.executable, "-m", "orchestrator.train.worker", str(self.run_dir)]
-        self.procs: list[subprocess.Popen] = []
+        self.forked = worker is None and os.environ.get("ORCH_FORK_SERVER", "1") != "0"
+        self.server = None
+        self.procs: list = []  # subprocess.Popen, or forkserver.ForkedProcess
         self._threads: list[threading.Thread] = []
         self._print_lock = threading.Lock()
 
@@ -93,9 +87,16 @@ class LocalJob:
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port), OMP_NUM_THREADS="1",
                     PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                     PYTHONFAULTHANDLER="1")  # a crash in native code leaves every thread's Python stack in the log
+        if self.forked and self.server is None:
+            from orchestrator.launch.forkserver import ForkServer
+
+            self.server = ForkServer(dict(full, **{k: str(v) for k, v in self.env.items()}))
         full.update({k: str(v) for k, v in {**self.env, **env}.items()})
-        p = subprocess.Popen(self.worker, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full,
-                             start_new_session=True, text=True, bufsize=1, preexec_fn=_die_with_parent)
+        if self.server is not None:
+            p = self.server.spawn(full, str(self.run_dir))
+        else:
+            p = subprocess.Popen(self.worker, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full,
+                                 start_new_session=True, text=True, bufsize=1, preexec_fn=_die_with_parent)
         self.procs.append(p)
         self.nodes_of.append(node)
         t = threading.Thread(target=self._pump, args=(len(self.procs) - 1, p, name), daemon=True)
@@ -168,3 +169,6 @@ class LocalJob:
                 p.wait()
         for t in self._threads:
             t.join(timeout=2)
+        if self.server is not None:
+            self.server.close()
+            self.server = None
