@@ -77,7 +77,7 @@ print('TORCH_FREE_OK')
 def test_the_runtime_refuses_before_launch_what_it_cannot_train(cli):
     r = cli("recipe=deepseek_v3", "launcher=local", "figures=false")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    for key in ("[schedule.name]", "[model.moe.experts]", "[model.mla]", "[training.precision]"):
+    for key in ("[schedule.name]", "[model.moe.max_nodes_per_token]", "[model.mla]", "[training.precision]"):
         assert key in r.stderr, r.stderr
     assert not (cli.dir / "logs").exists()
     assert cli("recipe=deepseek_v3", "figures=false").returncode == 0  # the dry launcher still plans it

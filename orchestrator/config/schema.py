@@ -27,6 +27,11 @@ class MLP(str, Enum):
     gelu = "gelu"  # two matrices: GPT / Megatron
 
 
+class RouterScore(str, Enum):
+    sigmoid = "sigmoid"  # DeepSeek-V3: gates are the chosen affinities, normalised to sum to 1
+    softmax = "softmax"  # Mixtral, DeepSeek-V2: top-k of the softmax
+
+
 class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
@@ -193,6 +198,13 @@ class MoEConfig:
     # Node-limited routing (DeepSeek-V3: each token to experts on at most 4 nodes, sent once
     # per node over the network and forwarded over NVLink); 0 = no limit.
     max_nodes_per_token: int = 0
+    # The runtime's router (DeepSeek-V3, Sec. 2.1.2): affinity function, gate scale, the
+    # auxiliary-loss-free bias update speed (gamma; 0 = off) and the sequence-wise balance
+    # loss weight (alpha; 0 = off; DeepSeek-V3 uses 1e-4).
+    score: RouterScore = RouterScore.sigmoid
+    route_scale: float = 1.0
+    bias_update_speed: float = 0.001
+    aux_loss_coef: float = 0.0
 
 
 @dataclass

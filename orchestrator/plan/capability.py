@@ -6,7 +6,7 @@ refuses, naming what is missing, a model or layout the runtime would fail on.
 from __future__ import annotations
 
 from orchestrator.config.errors import Problem
-from orchestrator.config.schema import Config, MLP, Precision
+from orchestrator.config.schema import Config, Precision
 from orchestrator.plan.layout import Layout
 
 
@@ -24,11 +24,21 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"({layout.schedule.summary}); launcher={launcher} needs a torch.distributed.pipelining "
                            f"schedule.", f"use schedule={runnable}, or launcher=dry to plan it."))
     if m.moe.experts:
-        out.append(Problem("model.moe.experts", f"{m.name} is a mixture of experts; the runtime trains dense "
-                           f"models only.", "use launcher=dry to plan it, or a dense model."))
-    if m.mlp != MLP.swiglu:
-        out.append(Problem("model.mlp", f"the runtime trains SwiGLU MLPs; {m.name} has mlp={m.mlp.value}.",
-                           "use launcher=dry to plan it, or model.mlp=swiglu."))
+        if layout.etp > 1:
+            out.append(Problem("layout.etp", f"the runtime runs experts without tensor parallelism (etp=1: each "
+                               f"tensor rank routes its sequence shard); etp={layout.etp} (etp defaults to tp).",
+                               "set layout.etp=1, or launcher=dry to plan expert tensor parallelism."))
+        if layout.dp_replicate > 1:
+            out.append(Problem("layout.dp_shard", f"copies of the state (dp {layout.dp} / dp_shard "
+                               f"{layout.dp_shard}) are for dense models in the runtime; {m.name} has experts.",
+                               "leave layout.dp_shard unset (failover.mode=restart re-plans on the survivors)."))
+        if m.moe.max_nodes_per_token:
+            out.append(Problem("model.moe.max_nodes_per_token", "the runtime routes without a node limit.",
+                               "set model.moe.max_nodes_per_token=0, or launcher=dry to plan node-limited routing."))
+    if m.tied_embeddings and layout.pp > 1:
+        out.append(Problem("model.tied_embeddings", f"the embedding and the output head are on different pipeline "
+                           f"stages (pp={layout.pp}); the runtime ties them only inside one stage.",
+                           "set model.tied_embeddings=false, or layout.pp=1."))
     if m.mla.kv_lora_rank:
         out.append(Problem("model.mla", f"{m.name} uses multi-head latent attention, which the runtime does not "
                            f"implement.", "use launcher=dry to plan it, or model.mla.kv_lora_rank=0."))

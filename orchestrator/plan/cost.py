@@ -167,23 +167,29 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
     per_layer = 4 + 2 * frac
     if stack is not None and stack.parallel_block:
         per_layer /= 2  # attention and MLP side by side: one collective per block and direction
-    tp = (n * per_layer, 2 * (t - 1) / t * tokens * mm.h * 2) if t > 1 else (0.0, 0.0)
+    act = activation_bytes(tr)
+    tp = (n * per_layer, 2 * (t - 1) / t * tokens * mm.h * act) if t > 1 else (0.0, 0.0)
     if c > 1:
         if mm.mla:
             kv_width = mm.mla.kv_lora_rank + mm.mla.qk_rope_head_dim  # gather the latent
         else:
             kv_width = 2 * mm.hd * max(mm.kv // t, 1)
-        cp = (n * (2 + frac), (c - 1) / c * s * b * kv_width * 2)
+        cp = (n * (2 + frac), (c - 1) / c * s * b * kv_width * act)
     else:
         cp = (0.0, 0.0)
     if d.ep > 1 and st.moe_layers:
         k = mm.moe.experts_per_token
         # Dispatch in FP8 on FP8 runs (DeepSeek-V3, Sec. 3.3), combine and backward in bf16.
-        nbytes = 1.75 if tr.precision == "fp8" else 2.0
+        nbytes = 1.75 if tr.precision == "fp8" else act
         ep = (st.moe_layers * (4 + 2 * frac), (d.ep - 1) / d.ep * tokens * k * mm.h * nbytes / t)
     else:
         ep = (0.0, 0.0)
     return Traffic(compute, tp, cp, ep)
+
+
+def activation_bytes(tr) -> float:
+    """Bytes of an activation element on the wire: 2 in bf16 (and FP8 runs' bf16 parts), 4 in fp32."""
+    return 4.0 if getattr(tr.precision, "value", tr.precision) == "fp32" else 2.0
 
 
 def _time(calls: float, nbytes: float, tier: Tier) -> float:
@@ -209,7 +215,7 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         out[name] = AxisReport(name, size, AXES[name].collective, m * calls, m * calls * nbytes, hideable=False,
                                bytes_per_microbatch=calls * nbytes)
     s_tokens = tr.seq_len / d.cp * tr.micro_batch
-    send = s_tokens * mm.h * 2 / (d.tp if sp else 1)
+    send = s_tokens * mm.h * activation_bytes(tr) / (d.tp if sp else 1)
     sends = 2 * m * n if p > 1 else 0
     out["pp"] = AxisReport("pp", p, AXES["pp"].collective, sends, sends * send, hideable=True,
                            bytes_per_microbatch=2 * n * send if p > 1 else 0)

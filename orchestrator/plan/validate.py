@@ -58,6 +58,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
     "stack.ep_comm_sm_fraction": (0.0, 0.9), "stack.grad_reduce_bytes": (0.0, 16.0),
     "training.recompute_layers": (0, 4096), "training.mtp_depth": (0, 16),
+    "model.moe.route_scale": (1e-6, 1e6), "model.moe.bias_update_speed": (0.0, 1.0),
+    "model.moe.aux_loss_coef": (0.0, 100.0),
 }
 
 
@@ -260,6 +262,17 @@ def _check_experts(spec: Config, world: int, dp: int, dp_shard: int, rules: str,
                 return tp
             warnings.append(f"layout.etp={etp} has no effect: {m.name} has no experts.")
         return tp
+    moe = m.moe
+    if not 1 <= moe.experts_per_token <= moe.experts:
+        problems.append(Problem("model.moe.experts_per_token", f"each token goes to experts_per_token="
+                                f"{moe.experts_per_token} of {moe.experts} experts.",
+                                f"set model.moe.experts_per_token between 1 and {moe.experts}."))
+    if moe.expert_ffn_hidden < 1:
+        problems.append(Problem("model.moe.expert_ffn_hidden", f"{m.name} has {moe.experts} experts of width "
+                                f"{moe.expert_ffn_hidden}.", "set model.moe.expert_ffn_hidden (DeepSeek-V3: 2048)."))
+    if moe.dense_layers > m.layers:
+        problems.append(Problem("model.moe.dense_layers", f"dense_layers={moe.dense_layers} leading dense layers "
+                                f"but the model has {m.layers} layers.", f"use at most {m.layers}."))
     # Megatron: num_experts % ep (megatron/training/arguments.py:1654-1658, moe_layer.py:186);
     # torchtitan shards experts evenly over ep as well.
     if m.moe.experts % ep:

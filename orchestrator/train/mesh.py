@@ -49,10 +49,10 @@ def mesh_from_grid(grid: RankGrid, device_type: str = "cpu", dims=DENSE_DIMS, dp
 
 
 def meshes_from_plan(plan_json: dict, device_type: str) -> dict[str, DeviceMesh]:
-    """The dense mesh, and the expert mesh when the plan has expert parallelism."""
+    """The dense mesh, and the expert mesh when the model has experts (their EP and edp groups)."""
     out = {"dense": mesh_from_grid(grid_from_json(plan_json, "ranks"), device_type, plan_json["mesh"]["dense"],
                                    plan_json["layout"]["dp_shard"])}
-    if plan_json["layout"]["ep"] > 1:
+    if plan_json["config"]["model"]["moe"]["experts"]:
         out["expert"] = mesh_from_grid(grid_from_json(plan_json, "expert_ranks"), device_type,
                                        plan_json["mesh"]["expert"])
     return out

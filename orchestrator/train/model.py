@@ -1,7 +1,8 @@
-"""A Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+"""A Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU or
+GeLU MLP, or after `model.moe.dense_layers` dense layers a mixture of experts (train/moe.py).
 
 Module names are the same whatever the layout (`tok_embeddings`, `layers.<i>.attention.wq`,
-`layers.<i>.feed_forward.w1`, `norm`, `output`): they are the checkpoint's keys,
+`layers.<i>.feed_forward.w1`, `layers.<i>.feed_forward.experts.w1`, `norm`, `output`): they are the checkpoint's keys,
 so a checkpoint written under one TP/PP split loads under another. Pipeline
 stages are this model with the layers of other stages removed (`layers` is a
 ModuleDict keyed by the global layer index).
@@ -16,6 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from orchestrator.train.mlp import FeedForward, mlp_kind
+from orchestrator.train.moe import MoE
 
 
 class RMSNorm(nn.Module):
@@ -85,11 +89,6 @@ class AttentionCore(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-class SwiGLU(nn.Module):
-    def forward(self, gate, up):
-        return F.silu(gate) * up
-
-
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -127,25 +126,16 @@ class Attention(nn.Module):
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)  # gate
-        self.w3 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)  # up
-        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)  # down
-        self.act = SwiGLU()
-
-    def forward(self, x):
-        return self.w2(self.act(self.w1(x), self.w3(x)))
-
-
 class Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, index: int):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        if cfg.moe.experts and index >= cfg.moe.dense_layers:
+            self.feed_forward = MoE(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg.hidden, cfg.ffn_hidden, mlp_kind(cfg))
 
     def forward(self, x):
         x = x + self.attention(self.attention_norm(x))
@@ -157,12 +147,11 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        if cfg.mlp != "swiglu" or cfg.moe.experts:
-            raise NotImplementedError(f"the runtime trains dense SwiGLU models; {cfg.name} has mlp={cfg.mlp}, "
-                                      f"experts={cfg.moe.experts}")
+        if cfg.mla.kv_lora_rank:
+            raise NotImplementedError(f"{cfg.name} uses multi-head latent attention, which the runtime does not have")
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.output = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tied_embeddings:
@@ -172,8 +161,9 @@ class Transformer(nn.Module):
     def _init(self):
         std = 0.02
         for name, p in self.named_parameters():
-            if p.dim() == 2:
-                nn.init.normal_(p, mean=0.0, std=std / (2 * self.cfg.layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else std)
+            if p.dim() >= 2:  # matrices, and the experts' stacks of them
+                out = name.endswith(("wo.weight", "w2.weight", "experts.w2"))
+                nn.init.normal_(p, mean=0.0, std=std / (2 * self.cfg.layers) ** 0.5 if out else std)
 
     def forward(self, x):
         if self.tok_embeddings is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as S
@@ -29,6 +30,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.train.model import Transformer
+from orchestrator.train.moe import MoE, moe_layers
 
 
 def apply_tp(model: Transformer, tp_mesh, loss_parallel: bool) -> None:
@@ -42,8 +44,11 @@ def apply_tp(model: Transformer, tp_mesh, loss_parallel: bool) -> None:
                                         use_local_output=not loss_parallel)
     if top:
         parallelize_module(model, tp_mesh, top)
+    if model.cfg.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
+        # Both hold the weight sharded over the vocabulary (Shard(0)); parallelize_module made two.
+        model.output.weight = model.tok_embeddings.weight
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {
+        plan = {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "attention.wq": ColwiseParallel(),
@@ -51,11 +56,45 @@ def apply_tp(model: Transformer, tp_mesh, loss_parallel: bool) -> None:
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        })
+        }
+        if isinstance(block.feed_forward, MoE):
+            # Routed experts see this rank's sequence shard (etp = 1); the router's weight is
+            # replicated (its gradient summed over the shards); shared experts are a dense MLP.
+            plan["feed_forward.router.gate"] = SequenceParallel(use_local_output=True)
+            if block.feed_forward.shared is not None:
+                plan.update(_mlp_plan("feed_forward.shared", block.feed_forward.shared))
+        else:
+            plan.update(_mlp_plan("feed_forward", block.feed_forward))
+        parallelize_module(block, tp_mesh, plan)
+
+
+def _mlp_plan(name: str, mlp) -> dict:
+    """Megatron's MLP split: gather the sequence, column-parallel up (and gate), row-parallel down."""
+    out = {name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+           f"{name}.w1": ColwiseParallel(), f"{name}.w2": RowwiseParallel(output_layouts=Shard(1))}
+    if hasattr(mlp, "w3"):
+        out[f"{name}.w3"] = ColwiseParallel()
+    return out
+
+
+def apply_ep(model: Transformer, expert_mesh, ep: int, coords_ep: int) -> None:
+    """Each EP rank keeps its experts' slice of the weights, as a DTensor sharded on the
+    expert dimension over the plan's EP group (DCP then reshards across EP degrees)."""
+    for _, moe in moe_layers([(0, model)]):
+        if ep == 1:
+            continue
+        moe.ep, moe.ep_group = ep, expert_mesh["ep"].get_group()
+        mine = moe.experts_total // ep
+        for name, p in list(moe.experts.named_parameters(recurse=False)):
+            local = p.detach()[coords_ep * mine:(coords_ep + 1) * mine].clone()
+            dt = DTensor.from_local(local, expert_mesh["ep"], [Shard(0)], run_check=False)
+            setattr(moe.experts, name, nn.Parameter(dt))
+
+
+def set_sequence_groups(model: Transformer, tp_group, cp_group, shards: int, aux_scale: float) -> None:
+    """What the sequence-wise balance loss sums over (a sequence is split over TP with SP, and CP)."""
+    for _, moe in moe_layers([(0, model)]):
+        moe.tp_group, moe.cp_group, moe.seq_shards, moe.aux_scale = tp_group, cp_group, shards, aux_scale
 
 
 def apply_cp(model: Transformer, group, cp: int, cp_rank: int) -> None:
@@ -66,7 +105,7 @@ def apply_cp(model: Transformer, group, cp: int, cp_rank: int) -> None:
 def apply_recompute(model: Transformer, mode: str) -> None:
     """Activation checkpointing as the plan counts it: `full` keeps only each block's input
     and re-runs the block in backward; `selective` re-runs the norms, the attention core and
-    the SwiGLU activation (the cheap, activation-heavy parts). Checkpoint wrappers do not
+    the MLP activations (the cheap, activation-heavy parts). Checkpoint wrappers do not
     change the state-dict names the DCP helpers report."""
     if mode == "none":
         return
@@ -78,19 +117,43 @@ def apply_recompute(model: Transformer, mode: str) -> None:
     for key, block in list(model.layers.items()):
         if mode == "full":
             model.layers[key] = wrap(block)
-        else:
-            block.attention_norm, block.ffn_norm = wrap(block.attention_norm), wrap(block.ffn_norm)
-            block.attention.core = wrap(block.attention.core)
-            block.feed_forward.act = wrap(block.feed_forward.act)
+            continue
+        block.attention_norm, block.ffn_norm = wrap(block.attention_norm), wrap(block.ffn_norm)
+        block.attention.core = wrap(block.attention.core)
+        ff = block.feed_forward
+        for mlp in ([ff.experts] + ([ff.shared] if ff.shared is not None else [])) if isinstance(ff, MoE) else [ff]:
+            mlp.act = wrap(mlp.act)
 
 
-def apply_fsdp(model: Transformer, dp_mesh, reshard_after_forward: bool, mp: MixedPrecisionPolicy | None) -> None:
-    kw = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward}
+def apply_fsdp(model: Transformer, dp_mesh, reshard_after_forward: bool, mp: MixedPrecisionPolicy | None,
+               expert_mesh=None) -> None:
+    """Dense weights over the dense data-parallel group, experts over the expert one (edp).
+    FSDP averages expert gradients over edp; the trainer rescales them to an average over
+    dp x cp (train/moe.py ExpertSteps): FSDP's own divide factor needs PREMUL_SUM, which
+    gloo lacks."""
+    kw = {"reshard_after_forward": reshard_after_forward}
     if mp is not None:
         kw["mp_policy"] = mp
     for block in model.layers.values():
-        fully_shard(block, **kw)
-    fully_shard(model, **kw)
+        ignored = set()
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        if isinstance(inner.feed_forward, MoE):
+            experts = inner.feed_forward.experts
+            if expert_mesh is not None:
+                sharded = any(isinstance(p, DTensor) for p in experts.parameters())
+                fully_shard(experts, mesh=expert_mesh, **kw,
+                            shard_placement_fn=(lambda p: Shard(1)) if sharded else None)
+            else:
+                ignored = set(experts.parameters())  # reduced over EP by the all-to-all alone
+        if dp_mesh is not None:
+            fully_shard(block, mesh=dp_mesh, ignored_params=ignored or None, **kw)
+    if dp_mesh is not None:
+        fully_shard(model, mesh=dp_mesh, ignored_params=_expert_params(model) if expert_mesh is None else None, **kw)
+
+
+def _expert_params(model) -> set | None:
+    out = {p for _, moe in moe_layers([(0, model)]) for p in moe.experts.parameters()}
+    return out or None
 
 
 def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: int, device: torch.device,
@@ -106,19 +169,24 @@ def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: i
         parts = [(v["stage"], copy.deepcopy(full).keep_only(*v["layers"], first=v["first"], last=v["last"]))
                  for v in mine]
         del full
-    fsdp_dims = tuple(plan["mesh"]["fsdp"])
-    fsdp = _flat(mesh, fsdp_dims)
+    fsdp = _flat(mesh, tuple(plan["mesh"]["fsdp"]))
+    expert = meshes.get("expert")
+    edp = expert["edp"] if expert is not None and expert["edp"].size() > 1 else None
     for _, part in parts:
         part.to(device)
+        if expert is not None:
+            apply_ep(part, expert, lay["ep"], expert.get_local_rank("ep"))
         if lay["tp"] > 1:
             apply_tp(part, mesh["tp"], loss_parallel=True)
         if lay["cp"] > 1:
             apply_cp(part, mesh["cp"].get_group(), lay["cp"], coords["cp"])
+        set_sequence_groups(part, mesh["tp"].get_group() if lay["tp"] > 1 else None,
+                            mesh["cp"].get_group() if lay["cp"] > 1 else None, lay["tp"] * lay["cp"],
+                            aux_scale=1.0 if lay["pp"] > 1 else 1.0 / lay["microbatches"])
         apply_recompute(part, recompute)
-        if fsdp is not None:
-            # Under pipelining the weights stay gathered between forward and backward: the
-            # zero-bubble schedules give wrong gradients otherwise (../shared/notes/torch-cpu.md).
-            apply_fsdp(part, fsdp, reshard_after_forward=lay["pp"] == 1, mp=mp)
+        # Under pipelining the weights stay gathered between forward and backward: the
+        # zero-bubble schedules give wrong gradients otherwise (../shared/notes/torch-cpu.md).
+        apply_fsdp(part, fsdp, reshard_after_forward=lay["pp"] == 1, mp=mp, expert_mesh=edp)
     return parts
 
 

@@ -34,6 +34,7 @@ from orchestrator.train.data import TokenSource
 from orchestrator.train.logger import Logger
 from orchestrator.train import world
 from orchestrator.train.model import cp_shard
+from orchestrator.train.moe import ExpertSteps
 from orchestrator.train.parallel import build_model_parts, build_schedule, sync_replicas
 from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
@@ -111,6 +112,8 @@ class Trainer:
         self.data = TokenSource(self.spec.model.vocab, tr.seq_len, tr.seed, tr.data)
         # The first rank of each data-parallel replica records what it read.
         self.records = self.coords["tp"] == 0 and self.coords["cp"] == 0 and self.has_first
+        self.experts = ExpertSteps(self.parts, self.plan) if self.spec.model.moe.experts else None
+        self.expert_stats = None
         self._layout_shaped()
 
     def _layout_shaped(self) -> None:
@@ -162,9 +165,13 @@ class Trainer:
         local = self._forward_backward(step)
         if self.replicas is not None:
             return self._commit_across_copies(step, local)
+        if self.experts is not None:
+            self.experts.scale_grads()
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if self.experts is not None:
+            self.expert_stats = self.experts.after_step()
         # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
         agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
         dist.all_reduce(agg)
@@ -342,6 +349,7 @@ class Trainer:
             rss_local[0] = torch.cuda.max_memory_allocated(self.device) / 2**20
         rss = [torch.zeros_like(rss_local) for _ in range(dist.get_world_size())]
         dist.all_gather(rss, rss_local)  # this world: the job's, or with copies of the state, this copy's
+        moe = self._expert_scalars()
         self.history["loss"].append(loss)
         self.history["step_time_s"].append(dt)
         mfu = measured_mfu(plan, dt)
@@ -353,11 +361,36 @@ class Trainer:
             "memory/max_rss_mb": max(float(x) for x in rss),
             # per rank (peak host RSS on CPU, peak allocated device memory on GPU), the first 64 ranks
             **{f"memory/rank{r}_mb": float(x) for r, x in enumerate(rss[:64])},
+            **moe,
         }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps, enabled=self.leader)
         if self.leader:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
                                     "dp": self.lay["dp"], "time": time.time()}) + "\n")
+
+    def _expert_scalars(self) -> dict:
+        """Load balance and all-to-all traffic of the step (collective: every rank's bytes)."""
+        st = self.expert_stats
+        if st is None:
+            return {}
+        mine = torch.tensor([float(st["bytes"]), st["seconds"]], dtype=torch.float64)
+        ranks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(ranks, mine)
+        self.history.setdefault("ep_bytes_per_rank", []).append([float(x[0]) for x in ranks])
+        out = {"comm/ep_all_to_all_bytes_max": max(float(x[0]) for x in ranks),
+               "time/ep_all_to_all_s_max": max(float(x[1]) for x in ranks)}
+        ep = next((a for a in self.plan.get("axes", []) if a["name"] == "ep"), None)
+        if ep is not None:
+            out["comm/ep_all_to_all_bytes_predicted"] = ep["bytes_per_step"]
+        load = st["load"]
+        for layer in range(load.shape[0]):
+            row = load[layer]
+            if row.sum() == 0:
+                continue  # a dense layer
+            out[f"moe/imbalance/layer{layer}"] = float(row.max() / row.mean())  # busiest expert / mean
+            if load.shape[1] <= 64:
+                out.update({f"moe/tokens/layer{layer}/expert{e}": float(x) for e, x in enumerate(row)})
+        return out
 
     def _meta(self, next_step: int) -> dict:
         """What a checkpoint records besides tensors: data position, RNG state, shape, batch and plan."""
@@ -373,6 +406,8 @@ class Trainer:
         if self.leader:
             (self.run_dir / "metrics.json").write_text(json.dumps({
                 "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
+                **({"ep_bytes_per_rank": self.history["ep_bytes_per_rank"]} if "ep_bytes_per_rank" in self.history
+                   else {}),
                 "attempt": self.attempt,
                 "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")},
             }, indent=1))
