@@ -26,7 +26,7 @@ def metrics(tmp: Path, name: str) -> dict:
     return json.loads((tmp / name / "run" / "metrics.json").read_text())
 
 
-SAVE = ["training.checkpoint.every=4", "training.checkpoint.keep=10"]
+SAVE = ["training.checkpoint.every=2", "training.checkpoint.keep=10"]
 
 
 def weights(tmp: Path, name: str, step: int = 4) -> dict:
@@ -39,12 +39,17 @@ def weights(tmp: Path, name: str, step: int = 4) -> dict:
     return torch.load(out, weights_only=False)["model"]
 
 
-def _same_weights(got: dict, want: dict) -> None:
-    import torch
+def _same_weights(got: dict, want: dict, earlier: dict) -> None:
+    """Each tensor at step 4 within 2% of what the reference moved it over steps 2-4.
 
+    Not element-wise: a router score that ties to the last bit can send one token to another
+    expert on another CPU, which moves a few elements by a fraction of a step. A gradient off
+    by a factor moves the whole tensor by tens of percent of a step."""
     assert set(got) == set(want)
     for k, v in want.items():
-        assert torch.allclose(got[k], v, rtol=1e-4, atol=1e-5), (k, (got[k] - v).abs().max().item())
+        moved = (v - earlier[k]).norm().item()
+        off = (got[k] - v).norm().item()
+        assert off <= 0.02 * moved + 1e-7, (k, off, moved)
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +99,15 @@ def test_moe_layout_matches_single_process(tmp_path, ref_dir, reference, name):
     if "model.moe.dense_layers=0" in overrides:  # a different model: its own reference
         run(tmp_path, "single", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=4",
             "model.moe.dense_layers=0", *SAVE)
-        ref, ref_weights = metrics(tmp_path, "single")["loss"], weights(tmp_path, "single")
+        ref, ref_weights = metrics(tmp_path, "single")["loss"], (weights(tmp_path, "single"),
+                                                                 weights(tmp_path, "single", 2))
     run(tmp_path, name, *overrides, "training.steps=4", *SAVE)
     got = metrics(tmp_path, name)["loss"]
     assert len(got) == 4
     _same(got, ref)
     assert got[-1] < got[0]
-    _same_weights(weights(tmp_path, name), ref_weights or weights(ref_dir, "single"))
+    want, earlier = ref_weights or (weights(ref_dir, "single"), weights(ref_dir, "single", 2))
+    _same_weights(weights(tmp_path, name), want, earlier)
 
 
 def test_contract_command_trains_and_checkpoints_reshard_across_ep(tmp_path, reference):

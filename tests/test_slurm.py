@@ -202,3 +202,23 @@ def test_sbatch_script_matches_the_golden_file(tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_preview_writes_the_exact_batch_script_and_srun_line_in_a_container(tmp_path):
+    """launcher.submit=false: nothing reaches SLURM; the batch script and the training step's
+    srun line (pyxis options, the run directory mounted, the image's python) are printed and
+    kept. Golden, since no cluster here has pyxis."""
+    r = run_cli([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=4", "launcher=slurm", "launcher.submit=false",
+                 "launcher.partition=gpu", "launcher.container_image=nvcr.io/nvidia/pytorch:24.05-py3",
+                 "launcher.container_mounts=[/lustre/data:/data:ro]", "launcher.container_workdir=/workspace"],
+                tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run = tmp_path / "run"
+    assert "nothing was submitted" in r.stdout and not (run / "slurm_jobs.jsonl").exists()
+    text = ((run / "slurm" / "preview.sbatch").read_text() + "---\n" + (run / "slurm" / "preview.srun").read_text())
+    assert text.split("---\n")[1].strip() in r.stdout
+    text = text.replace(str(run), "RUN").replace(sys.executable, "PYTHON")
+    golden = ROOT / "tests" / "golden" / "preview_container.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()

@@ -55,6 +55,9 @@ class SlurmLauncherConfig(LauncherConfig):
     container_image: Optional[str] = None  # pyxis/enroot image for the training steps (srun --container-image)
     container_mounts: List[str] = field(default_factory=list)  # SRC:DST[:FLAGS], as pyxis takes them
     container_workdir: Optional[str] = None
+    # The interpreter inside the image (the host's venv path means nothing there); the run
+    # directory (plan, snapshot of the code, checkpoints by default) is mounted at its own path.
+    container_python: str = "python"
     cpus_per_task: int = 1
     gpus_per_node_gres: bool = True  # request --gpus-per-node (the GRES)
     signal_delay_s: int = 60  # SIGUSR2 this long before the time limit: save and requeue

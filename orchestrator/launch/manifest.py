@@ -60,3 +60,21 @@ def _own_version() -> str:
         return metadata.version("orchestrator")
     except metadata.PackageNotFoundError:
         return "(unknown version)"
+
+
+def record_attempt(run_dir: Path, attempt: int, plan_dir: Path, hosts: list) -> None:
+    """Append where an attempt ran to manifest.json: its SLURM job (when under SLURM), hosts, plan."""
+    import os
+
+    path = Path(run_dir) / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault("attempts", []).append({
+        "attempt": attempt, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"), "hosts": [str(h) for h in hosts],
+        "supervisor_host": socket.gethostname(), "plan_dir": str(plan_dir), "time": time.time()})
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)

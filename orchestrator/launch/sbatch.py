@@ -17,7 +17,8 @@ NAME = re.compile(r"[A-Za-z0-9_.,:@%+=/\-\[\]]{1,256}")
 PATH = re.compile(r"[A-Za-z0-9_.,:@%+=/\-]{1,1024}")
 OPTION = re.compile(r"[a-z][a-z0-9_\-]{0,63}")
 WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/\-'\" ]{1,1024}")
-FIELDS = ("job_name", "partition", "account", "qos", "constraint", "exclude", "container_image")
+FIELDS = ("job_name", "partition", "account", "qos", "constraint", "exclude", "container_image", "container_python",
+          "container_workdir")
 NUMBERS = {"time_min": (1, 525600), "cpus_per_task": (1, 4096), "signal_delay_s": (0, 86400),
            "max_requeues": (0, 1000)}
 
@@ -71,22 +72,28 @@ def _setup_problem(line: str) -> str | None:
     return None
 
 
-def container_args(lc) -> list[str]:
-    """pyxis/enroot options for the training step (empty without a container image)."""
+def container_args(lc, run_dir: Path) -> list[str]:
+    """pyxis/enroot options for the training step (empty without a container image). The run
+    directory is mounted at its own path: the ranks read the plan and the code snapshot there
+    and write logs, metrics and (by default) checkpoints."""
     if not lc.container_image:
         return []
-    out = [f"--container-image={lc.container_image}"]
-    if lc.container_mounts:
-        out.append("--container-mounts=" + ",".join(lc.container_mounts))
+    out = [f"--container-image={lc.container_image}",
+           "--container-mounts=" + ",".join([f"{run_dir}:{run_dir}", *lc.container_mounts])]
     if lc.container_workdir:
         out.append(f"--container-workdir={lc.container_workdir}")
     return out
 
 
-def srun_command(lc, plan_dir: Path, nodes: list[str], tasks_per_node: int, python: str) -> list[str]:
+def srun_command(lc, plan_dir: Path, nodes: list[str], tasks_per_node: int, python: str,
+                 run_dir: Path | None = None) -> list[str]:
     """The srun line of one training attempt on `nodes` (one task per GPU). `--no-kill`
-    keeps the step alive when one of its nodes dies, so the supervisor decides."""
+    keeps the step alive when one of its nodes dies, so the supervisor decides. In a
+    container the image's interpreter runs the worker."""
+    if lc.container_image:
+        python = lc.container_python
     return ["srun", "--unbuffered", "--no-kill", "--kill-on-bad-exit=0", "--overlap", f"--nodes={len(nodes)}",
             f"--ntasks-per-node={tasks_per_node}", f"--ntasks={len(nodes) * tasks_per_node}",
-            f"--nodelist={','.join(nodes)}", f"--cpus-per-task={lc.cpus_per_task}", *container_args(lc),
+            f"--nodelist={','.join(nodes)}", f"--cpus-per-task={lc.cpus_per_task}",
+            *container_args(lc, run_dir or plan_dir),
             python, "-m", "orchestrator.train.worker", str(plan_dir)]

@@ -92,7 +92,7 @@ class SrunWorkers(Workers):
                                         policy.decide, self.spec.failover.quorum_s, host=socket.gethostname())
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
-        cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable)
+        cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
         cmd.insert(1, f"--output={plan_dir / 'logs' / 'rank%t.log'}")
         job = os.environ.get("SLURM_JOB_ID", "0")
         env = dict(os.environ, **env, MASTER_ADDR=self.current[0], OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.plan import events
+from orchestrator.launch.manifest import record_attempt
 from orchestrator.launch.inplace import InPlace, why_not_in_place
 from orchestrator.launch.status import steps_completed, write_status
 from orchestrator.plan import checkpoints as ckpt
@@ -78,6 +79,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
         t_start = time.monotonic()
         policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 else None
         workers.start(attempt, plan_dir, alive, {"ORCH_RUN_DIR": str(run_dir), "ORCH_ATTEMPT": str(attempt)}, policy)
+        record_attempt(run_dir, attempt, plan_dir, getattr(workers, "current", alive))
         outcome = workers.wait()
         if policy is not None:  # generations decided in place moved the plan on
             plan, attempt = policy.plan, policy.attempt

@@ -18,6 +18,7 @@ experts are tensor-parallel like a dense MLP.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -32,10 +33,23 @@ from orchestrator.train.mlp import Activation, FeedForward, mlp_kind
 
 class Traffic:
     """This process's all-to-all traffic since the last reset: bytes sent to other ranks
-    (dispatch and combine, forward and backward) and the seconds spent in the calls."""
+    (dispatch and combine, forward and backward) and the seconds spent in the calls.
+
+    `uncounted()` covers forwards that are not training: torch's pipelining runs one on its
+    first step to learn the stage shapes (on placeholder inputs past the first stage), and
+    counting it would skew the expert load that steers the router bias."""
 
     def __init__(self):
         self.bytes, self.seconds = 0, 0.0
+        self.counting = True
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        before, self.counting = self.counting, False
+        try:
+            yield
+        finally:
+            self.counting = before
 
     def reset(self) -> tuple[int, float]:
         out = (self.bytes, self.seconds)
@@ -50,6 +64,8 @@ def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gr
     out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
     t0 = time.perf_counter()
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    if not TRAFFIC.counting:
+        return out
     TRAFFIC.seconds += time.perf_counter() - t0
     me = dist.get_rank(group)
     row = math.prod(x.shape[1:]) * x.element_size()
@@ -200,7 +216,7 @@ class MoE(nn.Module):
         local = _local(x)
         b, s, h = local.shape
         idx, weights, scores = self.router(x)
-        if not recomputing():
+        if TRAFFIC.counting and not recomputing():
             self.tokens += torch.bincount(idx.flatten(), minlength=self.experts_total).to(self.tokens.dtype)
         routed = self._routed(local.reshape(-1, h), idx.reshape(-1, self.k), weights.reshape(-1, self.k))
         routed = routed.view(b, s, h).to(local.dtype)

@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.train.model import Transformer
-from orchestrator.train.moe import MoE, moe_layers
+from orchestrator.train.moe import TRAFFIC, MoE, moe_layers
 
 
 def apply_tp(model: Transformer, tp_mesh, loss_parallel: bool) -> None:
@@ -200,10 +200,23 @@ def _flat(mesh, dims: tuple[str, ...]):
     return mesh[dims]._flatten("_".join(dims)) if len(dims) > 1 else mesh[dims[0]]
 
 
+class _Stage(PipelineStage):
+    """torch's stage, with the forward and backward it runs once to infer shapes left out of
+    the expert load and traffic counts (moe.Traffic)."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        with TRAFFIC.uncounted():
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+    def _backward_metadata_inference(self, *args, **kwargs):
+        with TRAFFIC.uncounted():
+            return super()._backward_metadata_inference(*args, **kwargs)
+
+
 def build_schedule(plan: dict, parts, mesh, device: torch.device, loss_fn):
     """The plan's pipelining schedule over this rank's chunks (torch's class, by registry name)."""
     lay = plan["layout"]
-    stages = [PipelineStage(part, i, lay["num_stages"], device, group=mesh["pp"].get_group()) for i, part in parts]
+    stages = [_Stage(part, i, lay["num_stages"], device, group=mesh["pp"].get_group()) for i, part in parts]
     cls = getattr(S, SCHEDULES[lay["schedule"]].torch_class)
     first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]
     return cls(first, n_microbatches=lay["microbatches"], loss_fn=loss_fn), stages
