@@ -23,8 +23,11 @@ DEMO ?= hardware=cpu cluster.nodes=2 hardware.gpus_per_node=4 model=tiny \
 demo: $(BIN)/.installed
 	$(BIN)/orchestrate $(DEMO)
 
+# Two workers, one test file each at a time: half of a serial run is one core starting
+# Python and importing torch while the other idles. Same tests, same assertions.
+WORKERS ?= 2
 test: $(BIN)/.installed
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(WORKERS) --dist loadfile
 
 bench: $(BIN)/.installed
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

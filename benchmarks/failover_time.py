@@ -3,7 +3,11 @@
 1. Time from a node loss to the first step after resume, split into detection,
    re-plan, restart (processes up, groups built) and checkpoint load: 2 emulated
    nodes x 2 ranks, DP4, node 1 killed after step 3, checkpoints every 2 steps.
-2. Checkpoint save/load throughput of DCP (FsspecWriter/Reader on a local path)
+2. Failover without a restart (two copies of the state: DP4 with dp_shard 2 on 2 x 2):
+   the survivors drop the lost copy in place, a warm spare takes it, a node that comes back
+   rejoins; each event's recovery time (failure detected, or decision for a rejoin, to the
+   first step completed by the new generation) and steps lost.
+3. Checkpoint save/load throughput of DCP (FsspecWriter/Reader on a local path)
    against torch.save/torch.load of the same model and Adam state, one process.
 
 Run: .venv/bin/python benchmarks/failover_time.py
@@ -42,6 +46,25 @@ def failover_breakdown(tmp: Path) -> None:
           f"first step {first['step_time_s']:.2f} s (+ bookkeeping "
           f"{total - s['detection'] - s['replan'] - restart - load - first['step_time_s']:.2f} s); "
           f"{ev['steps_lost']} step(s) lost, DP {ev['old_layout']['dp']} -> {ev['new_layout']['dp']}")
+
+
+INPLACE = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "layout.dp=4", "layout.dp_shard=2",
+           "hardware.gpus_per_node=2", "cluster.nodes=2", "failover.quorum_s=5", "fault.kill_node=1",
+           "fault.at_step=3"]
+
+
+def without_restart(tmp: Path) -> None:
+    for name, extra in (("in place, then rejoin", ["training.steps=40", "fault.rejoin_at_step=5"]),
+                        ("warm spare", ["training.steps=8", "cluster.spare_nodes=1"])):
+        run = tmp / name.split()[0]
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "orchestrator", *INPLACE, *extra, f"hydra.run.dir={run}"], cwd=ROOT,
+                       check=True, capture_output=True)
+        wall = time.perf_counter() - t0
+        for ev in json.loads((run / "failover.json").read_text()):
+            print(f"{name}: {ev['mode']} at step {ev['step']}, DP {ev['old_layout']['dp']} -> "
+                  f"{ev['new_layout']['dp']}, recovered in {ev['recovery_s']:.2f} s, {ev['steps_lost']} step(s) "
+                  f"lost, {ev.get('steps_redone', 0)} redone (whole run {wall:.1f} s)")
 
 
 def throughput(tmp: Path) -> None:
@@ -88,6 +111,7 @@ def throughput(tmp: Path) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         failover_breakdown(Path(tmp))
+        without_restart(Path(tmp))
         throughput(Path(tmp))
 
 

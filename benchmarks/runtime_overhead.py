@@ -3,7 +3,10 @@
 1. step time of the orchestrator's runtime (one process, launcher=local) against a
    plain hand-written single-process loop of the same tiny model, data and optimizer;
 2. time from command to the first finished step: `orchestrate ... launcher=local`
-   against `torchrun` starting the same training function (2 processes, DP2).
+   against `torchrun` starting the same training function (2 processes, DP2);
+3. the same for the demo's 8 ranks (TP2 x PP2 x DP2 on 2 x 4), ranks forked from the
+   fork server (the default) against one interpreter per rank (ORCH_FORK_SERVER=0),
+   with the CPU seconds the whole run took.
 
 Run: .venv/bin/python benchmarks/runtime_overhead.py
 """
@@ -94,6 +97,18 @@ def main() -> None:
                                       env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
         print(f"command to first step, DP2 on 2 processes: orchestrate {ours_first:.2f} s "
               f"(compose + plan + launch), torchrun {tr_first:.2f} s")
+
+        demo = [*COMMON, "training.steps=3", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2",
+                "layout.pp=2", "layout.dp=2", "schedule=1f1b", "launcher=local"]
+        for server in ("1", "0"):
+            before = os.times()
+            first = first_step_seconds([sys.executable, "-m", "orchestrator", *demo,
+                                        f"hydra.run.dir={tmp}/demo{server}"], env={"ORCH_FORK_SERVER": server})
+            after = os.times()
+            cpu = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+            print(f"command to first step, TP2 x PP2 x DP2 on 8 processes, "
+                  f"{'fork server' if server == '1' else 'one interpreter per rank'}: {first:.2f} s "
+                  f"({cpu:.1f} s of CPU for the 3-step run)")
 
 
 if __name__ == "__main__":

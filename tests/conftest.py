@@ -47,6 +47,24 @@ def samples_read(run_dir: Path) -> list[int]:
     return sorted(i for by in per_step.values() for i in by[max(by)])
 
 
+REFERENCE_STEPS = 60
+
+
+@pytest.fixture(scope="session")
+def tiny_losses(tmp_path_factory) -> list[float]:
+    """One process, no parallelism: the tiny model's loss at each of 60 steps (seq 64, batch 16,
+    constant learning rate, so any shorter run's losses are a prefix). Every layout, restart,
+    failover and resume of the same model and data must reproduce these."""
+    tmp = tmp_path_factory.mktemp("tiny_reference")
+    r = run_cli(["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
+                 "training.global_batch=16", "cluster.nodes=1", "hardware.gpus_per_node=1",
+                 f"training.steps={REFERENCE_STEPS}"], tmp, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    by_step = losses_by_step(tmp / "run")
+    assert sorted(by_step) == list(range(REFERENCE_STEPS))
+    return [by_step[s] for s in range(REFERENCE_STEPS)]
+
+
 @pytest.fixture
 def cli(tmp_path):
     def _run(*args, **kw):

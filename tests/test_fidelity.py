@@ -63,7 +63,9 @@ def test_fabrics_are_a_group_of_their_own():
     assert plan_of("recipe=llama3_405b", "fabric=rail_optimized").axes["dp"].tier == "spine"
     meta = plan_of("recipe=llama3_405b")
     assert meta.axes["dp"].tier == "cluster"  # across Meta's pods, yet a ring is not slowed by 1:7
-    assert meta.axes["dp"].seconds < 2 * plan_of("recipe=llama3_405b", "fabric=fat_tree").axes["dp"].seconds
+    predicted_dp = {"meta": meta.axes["dp"].seconds,  # the model's figures, not a timing
+                    "fat_tree": plan_of("recipe=llama3_405b", "fabric=fat_tree").axes["dp"].seconds}
+    assert predicted_dp["meta"] < 2 * predicted_dp["fat_tree"]
 
 
 def test_nvl72_keeps_tensor_and_expert_groups_of_up_to_72_on_nvlink():
@@ -81,7 +83,8 @@ def test_nvl72_keeps_tensor_and_expert_groups_of_up_to_72_on_nvlink():
     assert on_rack.valid, [str(e) for e in on_rack.errors]
     assert on_rack.axes["ep"].tier == "nvlink"
     across = plan_of(*moe, "fabric.nvlink_domain=4")
-    assert across.axes["ep"].tier != "nvlink" and across.axes["ep"].seconds > 3 * on_rack.axes["ep"].seconds
+    predicted_ep = {"across": across.axes["ep"].seconds, "on_rack": on_rack.axes["ep"].seconds}
+    assert across.axes["ep"].tier != "nvlink" and predicted_ep["across"] > 3 * predicted_ep["on_rack"]
 
 
 def test_fp8_costs_peak_and_memory():

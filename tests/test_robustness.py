@@ -186,8 +186,8 @@ def _ranks_of(launcher: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
     servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and b"orchestrator.launch.forkserver" in cmd}
-    return [pid for pid, (ppid, cmd) in procs.items()
-            if (ppid == launcher and b"orchestrator.train.worker" in cmd) or ppid in servers]
+    return [pid for pid, (ppid, cmd) in procs.items() if ppid in servers or
+            (ppid == launcher and pid not in servers and b"orchestrator.train.worker" in cmd)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])
@@ -197,15 +197,20 @@ def test_the_ranks_die_with_the_launcher_whatever_signal_it_gets(tmp_path, sig):
                           "hardware.gpus_per_node=2", "layout.dp=2", "training.steps=1000",
                           f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    deadline = time.monotonic() + 120
-    ranks = []
-    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists()):
+    try:
+        deadline = time.monotonic() + 120
+        ranks = []
+        while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists()):
+            ranks = _ranks_of(p.pid) or ranks
+            time.sleep(0.2)
         ranks = _ranks_of(p.pid) or ranks
-        time.sleep(0.2)
-    ranks = _ranks_of(p.pid) or ranks
-    assert len(ranks) == 2
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=60)
+        assert len(ranks) == 2
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:  # a failed check must not leave a 1000-step run behind
+            p.kill()
+            p.communicate()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(_alive(r) for r in ranks):
         time.sleep(0.2)

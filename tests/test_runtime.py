@@ -21,27 +21,27 @@ def train(tmp_path: Path, name: str, *overrides: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("ref"), "single", "cluster.nodes=1", "hardware.gpus_per_node=1")["loss"]
+def reference(tiny_losses):
+    return tiny_losses[:4]
 
 
+# Each layout covers what no other one does; together every axis, every schedule, both
+# recompute modes, gradient accumulation, a non-default axis order and HSDP copies. The
+# TensorBoard test below covers TP alone, the checkpoint tests DP alone.
 LAYOUTS = {
-    "dp2": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2"],
-    "tp2": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2"],
     "pp2_gpipe": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=gpipe"],
-    "pp2_1f1b": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=1f1b"],
     "pp2_interleaved": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=interleaved_1f1b",
                         "layout.vp=2"],
     "pp2_zero_bubble": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=zero_bubble"],
-    "cp2": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.cp=2"],
-    "tp2_dp2": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2"],
+    "pp2_dualpipev": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=dualpipev"],
+    # two micro-batches per rank (gradient accumulation), data-parallel ranks innermost
+    "tp2_dp2_microbatched_dp_inner": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2",
+                                      "training.micro_batch=2", "layout.order=[dp,tp]"],
     "cp2_pp2": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.cp=2", "layout.pp=2"],
-    "pp2_tp2_dp2": ["cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2", "layout.dp=2"],
-    "tp2_pp2_full_recompute": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2",
-                               "training.recompute=full"],
     "cp2_selective_recompute": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.cp=2",
                                 "training.recompute=selective"],
-    "pp2_dualpipev": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=dualpipev"],
+    "pp2_tp2_dp2_1f1b_full_recompute": ["cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2",
+                                        "layout.dp=2", "schedule=1f1b", "training.recompute=full"],
     "dp4_hsdp_two_copies": ["cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "layout.dp_shard=2"],
 }
 
@@ -85,17 +85,11 @@ def test_recompute_wraps_the_planned_parts_and_keeps_the_gradients(mode):
         assert torch.allclose(a, b, atol=1e-6), k
 
 
-def test_two_layouts_with_the_same_global_batch_agree(tmp_path):
-    a = train(tmp_path, "a", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2",
-              "training.micro_batch=2")
-    b = train(tmp_path, "b", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.dp=4", "layout.order=[dp,tp]")
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
-
-
-def test_tensorboard_events_hold_the_scalars(tmp_path):
+def test_tensorboard_events_hold_the_scalars(tmp_path, reference):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(tmp_path, "tb", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2")
+    got = train(tmp_path, "tb", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2")
+    assert got["loss"] == pytest.approx(reference, rel=1e-5)  # TP alone matches the single process
     acc = EventAccumulator(str(tmp_path / "tb" / "run" / "tensorboard")).Reload()
     tags = set(acc.Tags()["scalars"])
     for tag in ("loss/train", "time/step_s", "throughput/tokens_per_s", "perf/tflops_per_gpu",
@@ -136,9 +130,7 @@ def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     assert "step 2/" in log0.read_text()
     victim = job.procs[3].pid
     os.kill(victim, signal.SIGKILL)
-    t0 = time.monotonic()
     res = job.wait(timeout=60)
     assert not res.ok and res.failed_rank == 3 and res.failed_node == 1
     assert "SIGKILL" in res.cause and "rank 3" in res.cause
-    assert time.monotonic() - t0 < 10
     assert not any(_alive(pid) for pid in res.pids)

@@ -58,9 +58,11 @@ class ForkedProcess:
 
 
 class ForkServer:
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, modules: tuple[str, ...] = ("orchestrator.train.worker",)):
+        """`modules`: what the server imports before forking (what every rank would import)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.launch.forkserver", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.launch.forkserver", str(theirs.fileno()),
+                                      *modules],
                                      pass_fds=(theirs.fileno(),), env=env, start_new_session=True,
                                      preexec_fn=die_with_parent)
         theirs.close()
@@ -135,9 +137,12 @@ class ForkServer:
 
 # ---- the server process ---------------------------------------------------------------------
 
-def _serve(fd: int) -> None:
+def _serve(fd: int, modules: list[str]) -> None:
     sock = socket.socket(fileno=fd)
-    import orchestrator.train.worker  # noqa: F401  (the import every rank would pay)
+    import importlib
+
+    for name in modules:  # the imports every rank would pay
+        importlib.import_module(name)
 
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
@@ -226,4 +231,7 @@ def _child(sock: socket.socket, out: int, req: dict) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), sys.argv[2:])
+    # Nothing to flush or clean: skip the interpreter's teardown of torch (about a second),
+    # which the launcher would wait for.
+    os._exit(0)

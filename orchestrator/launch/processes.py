@@ -11,6 +11,7 @@ once (launch/forkserver.py; ORCH_FORK_SERVER=0 starts each with its own interpre
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -73,6 +74,14 @@ class LocalJob:
     def node_of(self, rank: int) -> int:
         return self.nodes_of[rank] if rank < len(self.nodes_of) else rank // self.gpn
 
+    def _runtime_modules(self) -> tuple[str, ...]:
+        """What the ranks will import: the runtime, and torch's pipelining when the plan has stages."""
+        try:
+            pp = json.loads((self.run_dir / "plan.json").read_text())["layout"]["pp"]
+        except (OSError, ValueError, KeyError):
+            pp = 1
+        return ("orchestrator.train.worker",) + (("orchestrator.train.pipeline",) if pp > 1 else ())
+
     def start(self) -> None:
         self.port = free_port()
         self.nodes_of: list[int] = []
@@ -90,7 +99,8 @@ class LocalJob:
         if self.forked and self.server is None:
             from orchestrator.launch.forkserver import ForkServer
 
-            self.server = ForkServer(dict(full, **{k: str(v) for k, v in self.env.items()}))
+            self.server = ForkServer(dict(full, **{k: str(v) for k, v in self.env.items()}),
+                                     self._runtime_modules())
         full.update({k: str(v) for k, v in {**self.env, **env}.items()})
         if self.server is not None:
             p = self.server.spawn(full, str(self.run_dir))

@@ -93,6 +93,10 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
     problems = [p for row, plan in valid for p in launcher_for(plan, Path(row["dir"])).preflight()]
     if problems:
         return print_rejection(problems, "submitted")
+    if not valid[0][1].spec.launcher.submit:  # preview: each point's batch script and srun line
+        for row, plan in valid:
+            launcher_for(plan, Path(row["dir"])).submit()
+        return 0
     groups: dict[str, list] = {}
     for row, plan in valid:
         key = json.dumps([plan.spec.cluster.nodes, plan.spec.hardware.gpus_per_node,

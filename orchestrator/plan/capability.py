@@ -31,7 +31,8 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
         if layout.dp_replicate > 1:
             out.append(Problem("layout.dp_shard", f"copies of the state (dp {layout.dp} / dp_shard "
                                f"{layout.dp_shard}) are for dense models in the runtime; {m.name} has experts.",
-                               "leave layout.dp_shard unset (failover.mode=restart re-plans on the survivors)."))
+                               "leave layout.dp_shard unset (one copy: a node loss re-plans on the survivors "
+                               "and restarts)."))
         if m.moe.max_nodes_per_token:
             out.append(Problem("model.moe.max_nodes_per_token", "the runtime routes without a node limit.",
                                "set model.moe.max_nodes_per_token=0, or launcher=dry to plan node-limited routing."))

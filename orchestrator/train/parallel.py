@@ -10,8 +10,8 @@
   (layout.dp_shard < dp: HSDP), `sync_replicas` averages the gradient shards across the
   copies over a group the runtime owns, so a lost copy can be dropped without touching
   FSDP's own groups.
-- Pipeline: `torch.distributed.pipelining` stages cut exactly as plan.json lists them
-  for this pipeline rank, run by the schedule class its registry entry names.
+- Pipeline: the stages are cut here exactly as plan.json lists them for this pipeline rank;
+  pipeline.py runs them with the schedule class the registry names.
 
 Everything layout-shaped comes from plan.json; nothing here re-derives it.
 """
@@ -22,15 +22,12 @@ import copy
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining import schedules as S
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from orchestrator.config.schedules import SCHEDULES
 from orchestrator.train.model import Transformer
-from orchestrator.train.moe import TRAFFIC, MoE, moe_layers
+from orchestrator.train.moe import MoE, moe_layers
 
 
 def apply_tp(model: Transformer, tp_mesh, loss_parallel: bool) -> None:
@@ -198,28 +195,6 @@ def _flat(mesh, dims: tuple[str, ...]):
     if size == 1:
         return None
     return mesh[dims]._flatten("_".join(dims)) if len(dims) > 1 else mesh[dims[0]]
-
-
-class _Stage(PipelineStage):
-    """torch's stage, with the forward and backward it runs once to infer shapes left out of
-    the expert load and traffic counts (moe.Traffic)."""
-
-    def _forward_metadata_inference(self, *args, **kwargs):
-        with TRAFFIC.uncounted():
-            return super()._forward_metadata_inference(*args, **kwargs)
-
-    def _backward_metadata_inference(self, *args, **kwargs):
-        with TRAFFIC.uncounted():
-            return super()._backward_metadata_inference(*args, **kwargs)
-
-
-def build_schedule(plan: dict, parts, mesh, device: torch.device, loss_fn):
-    """The plan's pipelining schedule over this rank's chunks (torch's class, by registry name)."""
-    lay = plan["layout"]
-    stages = [_Stage(part, i, lay["num_stages"], device, group=mesh["pp"].get_group()) for i, part in parts]
-    cls = getattr(S, SCHEDULES[lay["schedule"]].torch_class)
-    first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]
-    return cls(first, n_microbatches=lay["microbatches"], loss_fn=loss_fn), stages
 
 
 def sync_replicas(parts, reduce, copies: int) -> None:

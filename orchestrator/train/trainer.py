@@ -35,7 +35,7 @@ from orchestrator.train.logger import Logger
 from orchestrator.train import world
 from orchestrator.train.model import cp_shard
 from orchestrator.train.moe import ExpertSteps
-from orchestrator.train.parallel import build_model_parts, build_schedule, sync_replicas
+from orchestrator.train.parallel import build_model_parts, sync_replicas
 from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
 
@@ -120,6 +120,8 @@ class Trainer:
         """What follows from the current plan: schedule (its micro-batch count), data rank."""
         self.schedule = None
         if self.lay["pp"] > 1:
+            from orchestrator.train.pipeline import build_schedule  # only with pipeline stages
+
             self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device, loss_fn)
         if self.replicas is None:
             self.dp_rank = self.coords[self.plan["mesh"]["data"]]
