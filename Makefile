@@ -8,9 +8,12 @@ TORCH  ?= torch==2.13.0
 .PHONY: demo test bench clean
 
 $(BIN)/.installed: pyproject.toml
+	@echo "== creating $(VENV) (about two minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@echo "== installing $(TORCH) (CPU build)"
 	$(BIN)/pip install -q $(TORCH)
+	@echo "== installing orchestrator and its test dependencies"
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 

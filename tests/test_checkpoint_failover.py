@@ -74,17 +74,24 @@ def test_checkpoint_reshards_into_another_layout(tmp_path, saved, uninterrupted,
     assert after[2] == pytest.approx(uninterrupted[2], rel=1e-5)
 
 
-def test_node_loss_reforms_dp_and_resumes(tmp_path, uninterrupted):
+def test_node_loss_during_a_save_reforms_dp_and_resumes_from_the_previous_checkpoint(tmp_path, uninterrupted):
+    """TP2 x DP2 on 2 x 2; node 1 dies inside the save of step 4: the torn save is removed, the
+    re-plan keeps TP2 on node 0 (DP1, the global batch kept) and resumes from step 2."""
     r = run(tmp_path, "fo", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.tp=2", "training.steps=8",
-            "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=5")
+            "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=4",
+            "fault.mode=during_save")
     rd = tmp_path / "fo" / "run"
     (event,) = json.loads((rd / "failover.json").read_text())
     assert event["node"] == 1 and "SIGKILL" in event["cause"]
     assert event["old_layout"]["dp"] == 2 and event["new_layout"]["dp"] == 1 and event["new_layout"]["tp"] == 2
-    assert event["resumed_from_step"] == 4 and event["steps_lost"] == event["failed_after_step"] - 4
+    assert event["resumed_from_step"] == 2 and event["steps_lost"] == event["failed_after_step"] - 2
     # one copy of the state (dp_shard = dp): not in place, and it says why
     assert event["mode"] == "restart" and "one copy" in event["why_not_in_place"]
     assert "FAILOVER 1 (restart" in r.stdout
+    assert "step_00000002 (step 2" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
+    from orchestrator.plan.checkpoints import list_saves
+
+    assert all(ok for _, _, ok in list_saves(str(rd / "checkpoints")))  # the torn save was cleaned up
     losses = losses_by_step(rd)
     assert sorted(losses) == list(range(8))
     for step in range(8):  # before the loss, and after the resume on the smaller layout
@@ -95,22 +102,6 @@ def test_node_loss_reforms_dp_and_resumes(tmp_path, uninterrupted):
 
     acc = EventAccumulator(str(rd / "tensorboard")).Reload()
     assert "failover/dp" in acc.Tags()["scalars"]
-
-
-def test_kill_during_save_leaves_the_previous_checkpoint_latest(tmp_path, uninterrupted):
-    run(tmp_path, "save", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "training.steps=6",
-        "training.checkpoint.every=2", "fault.kill_node=1", "fault.at_step=4", "fault.mode=during_save")
-    rd = tmp_path / "save" / "run"
-    (event,) = json.loads((rd / "failover.json").read_text())
-    assert event["resumed_from_step"] == 2 and event["new_layout"]["dp"] == 2
-    assert "resumed from" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
-    assert "step_00000002 (step 2" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
-    losses = losses_by_step(rd)
-    for step in range(6):
-        assert losses[step] == pytest.approx(uninterrupted[step], rel=1e-5)
-    from orchestrator.plan.checkpoints import list_saves
-
-    assert all(ok for _, _, ok in list_saves(str(rd / "checkpoints")))  # the torn save was cleaned up
 
 
 def test_resume_with_a_changed_model_shape_is_refused(tmp_path):

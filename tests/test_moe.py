@@ -72,8 +72,6 @@ def _same(got: list[float], want: list[float], rel: float = 1e-5) -> None:
 
 
 LAYOUTS = {
-    # edp = 2: the experts FSDP-sharded over the expert data-parallel group
-    "ep2_dp4": ["cluster.nodes=2", "hardware.gpus_per_node=2", "layout.ep=2"],
     # EP groups span the tensor ranks (etp = 1: each routes its sequence shard), with recompute;
     # experts not sharded further (edp = 1): their gradients scaled by the trainer
     "tp2_dp2_ep4_full_recompute": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.etp=1",
@@ -125,10 +123,14 @@ def test_contract_command_trains_and_checkpoints_reshard_across_ep(tmp_path, ref
             assert after[step] == pytest.approx(reference[step], rel=1e-5), (name, step)
 
 
-def test_tensorboard_shows_expert_load_and_all_to_all_and_bytes_match_the_plan(tmp_path):
+def test_experts_sharded_over_edp_match_and_report_load_and_traffic(tmp_path, ref_dir, reference):
+    """EP2 over DP4 on 2 x 2: edp = 2, the experts FSDP-sharded over the expert data-parallel
+    group. Losses and weights as the single process; TensorBoard shows the load and traffic."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run(tmp_path, "tb", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.ep=4", "training.steps=3")
+    run(tmp_path, "tb", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.ep=2", "training.steps=4", *SAVE)
+    _same(metrics(tmp_path, "tb")["loss"], reference)
+    _same_weights(weights(tmp_path, "tb"), weights(ref_dir, "single"), weights(ref_dir, "single", 2))
     rd = tmp_path / "tb" / "run"
     acc = EventAccumulator(str(rd / "tensorboard"), size_guidance={"scalars": 0}).Reload()
     tags = set(acc.Tags()["scalars"])

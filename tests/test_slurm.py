@@ -47,24 +47,13 @@ def reference(tiny_losses):
     return tiny_losses[:40]
 
 
-def test_three_axis_job_matches_the_single_process_run(cluster, tmp_path, reference):
-    layout = ["cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2", "layout.dp=2",
-              "training.steps=4"]
-    r = run_cli([*COMMON, *layout, "launcher=slurm", "launcher.wait=true"], tmp_path / "slurm", timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "submitted SLURM job" in r.stdout and "COMPLETED" in r.stdout
-    got = losses_by_step(tmp_path / "slurm" / "run")
-    assert [got[s] for s in range(4)] == pytest.approx(reference[:4], rel=1e-5)
-    job = json.loads((tmp_path / "slurm" / "run" / "slurm_jobs.jsonl").read_text().splitlines()[0])
-    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job["job_id"], "-o", "State,NNodes,NTasks"],
-                           capture_output=True, text=True).stdout.split("\n")[0]
-    assert state.startswith("COMPLETED|2")
-
-
-def test_sweep_submits_exactly_the_valid_points(cluster, tmp_path):
+def test_sweep_submits_exactly_the_valid_points_and_three_axes_train_as_one_process(cluster, tmp_path, reference):
+    """A sweep on 2 nodes x 4: the TP8 points (across nodes; with PP2 not dividing the world) are
+    never submitted; TP2 and TP2 x PP2 x DP2 go as one job array, and the three-axis job's
+    losses are the single process's."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "orchestrator", "-m", *COMMON, "launcher=slurm", "launcher.wait=true",
-           "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2,8", "layout.pp=1,2", "training.steps=2",
+           "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2,8", "layout.pp=1,2", "training.steps=2",
            f"hydra.sweep.dir={sweep}"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -73,14 +62,20 @@ def test_sweep_submits_exactly_the_valid_points(cluster, tmp_path):
     assert len(points) == 4
     invalid = [p for p in points if not p["valid"]]
     assert len(invalid) == 2 and all("layout.tp=8" in p["overrides"] for p in invalid)
-    assert all(p["errors"] and "does not divide" in p["errors"][0]["message"] for p in invalid)
+    assert all(p["errors"] and "layout.tp" in json.dumps(p["errors"]) for p in invalid)
     assert all("job_id" not in p for p in invalid)
     valid = [p for p in points if p["valid"]]
     assert len({p["job_id"] for p in valid}) == 2 and len({p["job_id"].split("_")[0] for p in valid}) == 1
     for p in valid:
         assert p["state"] == "completed" and p["predicted_step_s"] > 0 and p["measured_step_s"] > 0
         assert 0 < p["measured_mfu"] < 1
-    assert "NO" in r.stdout and "does not divide" in r.stdout
+    assert "NO" in r.stdout and "spans 2 nodes" in r.stdout and "does not divide" in r.stdout
+    (three,) = [p for p in valid if "layout.pp=2" in p["overrides"]]
+    got = losses_by_step(Path(three["dir"]))
+    assert [got[s] for s in range(2)] == pytest.approx(reference[:2], rel=1e-5)
+    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", three["job_id"], "-o", "State,NNodes"],
+                           capture_output=True, text=True).stdout.split("\n")[0]
+    assert state.startswith("COMPLETED|2"), state
 
 
 def test_a_sweep_preview_submits_nothing(tmp_path):
