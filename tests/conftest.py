@@ -47,6 +47,15 @@ def samples_read(run_dir: Path) -> list[int]:
     return sorted(i for by in per_step.values() for i in by[max(by)])
 
 
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 REFERENCE_STEPS = 60
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, losses_by_step, run_cli
+from conftest import ROOT, alive, losses_by_step, run_cli
 
 COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "training.global_batch=16"]
 
@@ -168,14 +168,6 @@ def test_fault_settings_that_would_never_fire_are_named(cli):
     assert r.returncode == 2 and "no checkpoint is saved at step 3" in r.stderr
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _ranks_of(launcher: int) -> list[int]:
     """The launcher's ranks: its worker processes, or the children of its fork server."""
     procs = {}
@@ -212,9 +204,9 @@ def test_the_ranks_die_with_the_launcher_whatever_signal_it_gets(tmp_path, sig):
             p.kill()
             p.communicate()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(r) for r in ranks):
+    while time.monotonic() < deadline and any(alive(r) for r in ranks):
         time.sleep(0.2)
-    assert not any(_alive(r) for r in ranks)
+    assert not any(alive(r) for r in ranks)
     if sig == signal.SIGINT:
         assert p.returncode == 130 and "Traceback" not in err and "interrupted" in err
     if sig == signal.SIGTERM:

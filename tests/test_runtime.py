@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import alive, run_cli
 
 COMMON = ["hardware=cpu", "model=tiny", "training.steps=4", "launcher=local", "figures=false",
           "training.seq_len=64", "training.global_batch=16"]
@@ -104,14 +104,6 @@ def test_tensorboard_events_hold_the_scalars(tmp_path, reference):
     assert [e.value for e in acc.Scalars("loss/train")] == pytest.approx(metrics["loss"], rel=1e-6)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     from orchestrator import compose, make_plan
     from orchestrator.plan.artifacts import write_plan
@@ -133,4 +125,4 @@ def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     res = job.wait(timeout=60)
     assert not res.ok and res.failed_rank == 3 and res.failed_node == 1
     assert "SIGKILL" in res.cause and "rank 3" in res.cause
-    assert not any(_alive(pid) for pid in res.pids)
+    assert not any(alive(pid) for pid in res.pids)
