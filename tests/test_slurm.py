@@ -190,6 +190,14 @@ def test_values_that_would_reach_the_shell_are_rejected(tmp_path, bad):
     assert not (tmp_path / "run" / "slurm").exists()
 
 
+def test_local_only_settings_are_refused_on_slurm_not_ignored(tmp_path):
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                 "cluster.spare_nodes=1", "fault.kill_node=1", "fault.at_step=3"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "[cluster.spare_nodes]" in r.stderr and "[fault.kill_node]" in r.stderr and "kill-node.sh" in r.stderr
+    assert not (tmp_path / "run" / "slurm").exists()
+
+
 def test_sbatch_script_matches_the_golden_file(tmp_path):
     from orchestrator import compose
     from orchestrator.config.compose import typed

@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestrator.config.errors import Problem
 from orchestrator.launch import sbatch
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.status import write_status
@@ -101,9 +102,23 @@ def record_job(run_dir: Path, job_id: str, folder: Path, **extra) -> None:
         f.write(json.dumps({"job_id": job_id, "folder": str(folder), "time": time.time(), **extra}) + "\n")
 
 
+def local_only_problems(spec) -> list[Problem]:
+    """Settings only the local launcher acts on, refused rather than ignored on SLURM."""
+    out = []
+    if spec.cluster.spare_nodes:
+        out.append(Problem("cluster.spare_nodes", f"warm spares ({spec.cluster.spare_nodes}) are kept by the local "
+                           f"launcher only; a SLURM job asks for cluster.nodes={spec.cluster.nodes} and, after a "
+                           f"node loss, goes on in place or re-plans on the survivors.",
+                           "set cluster.spare_nodes=0 (or raise cluster.nodes and keep copies: layout.dp_shard)."))
+    if spec.fault.kill_node is not None:
+        out.append(Problem("fault.kill_node", "fault injection emulates a node loss in the local launcher; a SLURM "
+                           "job has real nodes.", "unset fault.*; fail a node with slurm/kill-node.sh NODE instead."))
+    return out
+
+
 class SlurmLauncher(Launcher):
     def preflight(self):
-        return sbatch.problems(self.spec.launcher, self.run_dir) + super().preflight()
+        return sbatch.problems(self.spec.launcher, self.run_dir) + local_only_problems(self.spec) + super().preflight()
 
     def submit(self) -> int:
         from orchestrator.launch.srun import Supervisor
