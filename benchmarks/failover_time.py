@@ -38,9 +38,11 @@ def failover_breakdown(tmp: Path) -> None:
     first_start = first["time"] - first["step_time_s"]
     load = float(re.search(r"resumed from .* in ([0-9.]+) s", (run / "attempt1" / "logs" / "rank0.log")
                            .read_text()).group(1))
-    restart = first_start - ev["relaunched_at"] - load
-    total = first["time"] - ev["killed_at"]
     s = ev["seconds"]
+    # The event is recorded once the new plan exists: the failure was detection + re-plan before.
+    failed_at = ev["time"] - s["detection"] - s["replan"]
+    restart = first_start - ev["time"] - load
+    total = first["time"] - failed_at
     print(f"node loss -> first step after resume: {total:.2f} s = detection {s['detection']:.3f} s + "
           f"re-plan {s['replan']:.3f} s + restart {restart:.2f} s + checkpoint load {load:.2f} s + "
           f"first step {first['step_time_s']:.2f} s (+ bookkeeping "
@@ -72,15 +74,15 @@ def throughput(tmp: Path) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-    from types import SimpleNamespace
 
     from orchestrator.train.checkpoint import state_dicts
     from orchestrator.train.model import Transformer
 
     dist.init_process_group("gloo", init_method=f"file://{tmp / 'store'}", rank=0, world_size=1)
-    cfg = SimpleNamespace(name="bench", layers=8, hidden=512, ffn_hidden=1536, heads=8, kv_heads=4, vocab=32000,
-                          head_dim=None, mlp="swiglu", tied_embeddings=False, norm_eps=1e-5, rope_theta=1e4,
-                          moe=SimpleNamespace(experts=0))
+    from orchestrator.config.schema import ModelConfig
+
+    cfg = ModelConfig(name="bench", layers=8, hidden=512, ffn_hidden=1536, heads=8, kv_heads=4, vocab=32000,
+                      rope_theta=1e4)
     model = Transformer(cfg)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randint(0, 32000, (1, 16))).sum().backward()

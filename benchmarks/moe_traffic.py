@@ -35,8 +35,7 @@ def scalars(tb_dir: Path, prefix: str) -> dict[str, list[float]]:
     return {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"] if t.startswith(prefix)}
 
 
-def measure(name: str, overrides: list[str], steps: int, tmp: Path) -> None:
-    run = tmp / name.split()[0]
+def measure(name: str, overrides: list[str], steps: int, run: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "orchestrator", *COMMON, *overrides, f"training.steps={steps}",
                         f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True)
     if r.returncode:
@@ -65,8 +64,8 @@ def measure(name: str, overrides: list[str], steps: int, tmp: Path) -> None:
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     with tempfile.TemporaryDirectory() as tmp:
-        for name, overrides in LAYOUTS.items():
-            measure(name, overrides, steps, Path(tmp))
+        for i, (name, overrides) in enumerate(LAYOUTS.items()):
+            measure(name, overrides, steps, Path(tmp) / f"run{i}")
 
 
 if __name__ == "__main__":
