@@ -3,6 +3,7 @@ files) and manifest.json (command line, git commit and uncommitted changes, vers
 from __future__ import annotations
 
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -64,8 +65,6 @@ def _own_version() -> str:
 
 def record_attempt(run_dir: Path, attempt: int, plan_dir: Path, hosts: list) -> None:
     """Append where an attempt ran to manifest.json: its SLURM job (when under SLURM), hosts, plan."""
-    import os
-
     path = Path(run_dir) / "manifest.json"
     try:
         data = json.loads(path.read_text())
