@@ -81,6 +81,9 @@ def test_the_runtime_refuses_before_launch_what_it_cannot_train(cli):
         assert key in r.stderr, r.stderr
     assert not (cli.dir / "logs").exists()
     assert cli("recipe=deepseek_v3", "figures=false").returncode == 0  # the dry launcher still plans it
+    # planned, not trained: ZeRO-1's optimizer-only sharding and multi-token prediction
+    r = cli("model=tiny", "hardware=cpu", "launcher=local", "figures=false", "layout.zero=1", "training.mtp_depth=1")
+    assert r.returncode == 2 and "[layout.zero]" in r.stderr and "[training.mtp_depth]" in r.stderr, r.stderr
 
 
 def test_a_built_wheel_composes_and_plans_from_another_directory(tmp_path):

@@ -45,6 +45,22 @@ def test_the_stack_sets_gradient_bytes_sharding_and_overlaps():
     assert core.mfu > old.mfu
 
 
+def test_fsdp_under_pipelining_is_planned_as_the_runtime_holds_it():
+    """torch's pipelining keeps an FSDP stage's weights gathered for the whole step: this
+    runtime's ZeRO-3 and torchtitan's hold full weights then (ZeRO-2), Megatron's ZeRO-3 does not."""
+    from orchestrator.plan.report import render_table
+
+    tiny = ["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.dp=4"]
+    flat, piped = plan_of(*tiny, "cluster.nodes=1"), plan_of(*tiny, "layout.pp=2")
+    assert plan_of(*tiny, "layout.pp=2", "stack=torchtitan").layout.zero == 2
+    assert plan_of(*tiny, "layout.pp=2", "stack=megatron_core", "layout.zero=3").layout.zero == 3
+    assert flat.layout.zero == 3 and piped.layout.zero == 2
+    stage = piped.params / 2  # two stages of the same size: full weights, bf16, on each rank
+    assert piped.memory.params == pytest.approx(2 * stage, rel=0.2)
+    assert flat.memory.params == pytest.approx(2 * flat.params / 4, rel=0.01)
+    assert "ZeRO-3's weights stay gathered under pipelining" in render_table(piped)
+
+
 def test_the_default_stack_and_constant_kernels_keep_the_first_model():
     """stack=orchestrator with cost.kernel_model=constant is the planner's first model:
     wall-clock = the roofline budget / hardware.kernel_efficiency."""

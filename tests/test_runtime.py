@@ -29,13 +29,17 @@ def reference(tiny_losses):
 # recompute modes, gradient accumulation, a non-default axis order and HSDP copies. The
 # TensorBoard test below covers TP alone, the checkpoint tests DP alone.
 LAYOUTS = {
-    "pp2_gpipe": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=gpipe"],
+    # full recompute of each stage's first block only (Megatron's block method)
+    "pp2_gpipe_partial_recompute": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=gpipe",
+                                    "training.recompute=full", "training.recompute_layers=1"],
     "pp2_interleaved": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=interleaved_1f1b",
                         "layout.vp=2"],
     "pp2_dualpipev": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2", "schedule=dualpipev"],
-    # two micro-batches per rank (gradient accumulation), data-parallel ranks innermost
-    "tp2_dp2_microbatched_dp_inner": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2",
-                                      "training.micro_batch=2", "layout.order=[dp,tp]"],
+    # two micro-batches per rank (gradient accumulation), data-parallel ranks innermost, ZeRO-2
+    # (weights kept gathered from forward to backward)
+    "tp2_dp2_microbatched_dp_inner_zero2": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2",
+                                            "layout.dp=2", "training.micro_batch=2", "layout.order=[dp,tp]",
+                                            "layout.zero=2"],
     "cp2_pp2_zero_bubble": ["cluster.nodes=1", "hardware.gpus_per_node=4", "layout.cp=2", "layout.pp=2",
                             "schedule=zero_bubble"],
     "cp2_selective_recompute": ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.cp=2",
@@ -55,10 +59,10 @@ def test_parallel_run_matches_single_process(tmp_path, reference, name):
     assert got["loss"][-1] < got["loss"][0]  # it trains
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
-def test_recompute_wraps_the_planned_parts_and_keeps_the_gradients(mode):
+@pytest.mark.parametrize("mode, layers", [("full", None), ("full", 1), ("selective", None)])
+def test_recompute_wraps_the_planned_parts_and_keeps_the_gradients(mode, layers):
     """In one process: checkpointed modules give the same gradients, and the names the
-    checkpoint uses do not change."""
+    checkpoint uses do not change; `training.recompute_layers` wraps the first blocks only."""
     import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -74,9 +78,11 @@ def test_recompute_wraps_the_planned_parts_and_keeps_the_gradients(mode):
         m = Transformer(cfg)
         names = set(get_model_state_dict(m))
         if wrap:
-            apply_recompute(m, mode)
+            apply_recompute(m, mode, layers)
             wrapped = [x for x in m.modules() if isinstance(x, CheckpointWrapper)]
-            assert len(wrapped) == (4 if mode == "full" else 4 * 4)
+            assert len(wrapped) == (layers or 4 if mode == "full" else 4 * 4)
+            if layers:
+                assert [isinstance(b, CheckpointWrapper) for b in m.layers.values()] == [True, False, False, False]
             assert set(get_model_state_dict(m)) == names
         x = torch.randint(0, cfg.vocab, (2, 32))
         m(x).float().logsumexp(-1).mean().backward()

@@ -146,6 +146,10 @@ class StackConfig:
     name: str = MISSING
     runtime: bool = False  # orchestrator's runtime trains it (launcher=local/slurm)
     zero: int = 3  # data-parallel sharding when layout.zero is unset: 0 DDP, 1 optimizer, 2 +grads, 3 +weights
+    # FSDP under pipelining keeps each stage's weights gathered from the first micro-batch's
+    # forward to the last one's backward (torch.distributed.pipelining with FSDP2; torchtitan's
+    # default): ZeRO-3 then holds and moves what ZeRO-2 does, and is planned as ZeRO-2.
+    pp_keeps_weights_gathered: bool = False
     grad_bytes: float = 2.0  # per parameter in the gradient buffer (Megatron keeps fp32 main grads: 4)
     # The part of the step that hides data-parallel traffic (gradient reduce-scatter or
     # all-reduce, weight all-gather), as a fraction of the step's compute.

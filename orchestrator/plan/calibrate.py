@@ -184,7 +184,9 @@ def _legacy(r: dict) -> list[str] | None:
     if moe and r["model_preset"] != "deepseek_v3":
         return None
     layers, pp = _int(r["layers"]), _int(r["PP"], 1)
-    o = [f"hardware={hw}", "stack=orchestrator", "fabric=fat_tree", "cost.kernel_model=constant",
+    # The first model as it shipped: ZeRO-3 costed as such under pipelining too.
+    o = [f"hardware={hw}", "stack=orchestrator", "stack.pp_keeps_weights_gathered=false", "fabric=fat_tree",
+         "cost.kernel_model=constant",
          f"cluster.nodes={_int(r['gpu_count']) // 8}", f"training.seq_len={_int(r['seq_len'])}",
          f"training.global_batch={_int(r['global_batch_seqs'])}", f"training.micro_batch={_int(r['micro_batch'], 1)}",
          f"layout.tp={_int(r['TP'], 1)}", f"layout.cp={_int(r['CP'], 1)}", f"layout.pp={pp}",

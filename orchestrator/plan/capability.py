@@ -23,6 +23,16 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
         out.append(Problem("schedule.name", f"the runtime cannot run schedule={layout.schedule.name} "
                            f"({layout.schedule.summary}); launcher={launcher} needs a torch.distributed.pipelining "
                            f"schedule.", f"use schedule={runnable}, or launcher=dry to plan it."))
+    if spec.stack.runtime and layout.zero < 2:
+        what = "replicated state, DDP" if layout.zero == 0 else "only the optimizer state sharded"
+        out.append(Problem("layout.zero", f"the runtime shards weights, gradients and optimizer state with FSDP2 "
+                           f"(zero=3: weights re-gathered for backward; zero=2: kept gathered from forward to "
+                           f"backward); zero={layout.zero} ({what}) is not implemented.",
+                           "use layout.zero=2 (replicated weights during the step, as zero=0/1 hold them) or "
+                           "layout.zero=3, or launcher=dry to plan it."))
+    if tr.mtp_depth:
+        out.append(Problem("training.mtp_depth", f"the runtime trains no multi-token prediction modules "
+                           f"(mtp_depth={tr.mtp_depth}).", "set training.mtp_depth=0, or launcher=dry to plan MTP."))
     if m.moe.experts:
         if layout.etp > 1:
             out.append(Problem("layout.etp", f"the runtime runs experts without tensor parallelism (etp=1: each "

@@ -70,13 +70,20 @@ def _header(plan) -> list[str]:
         L.append(f"layout   {d.label()}  order (innermost first) {'-'.join(plan.order)}")
         L.append(f"batch    global {sp.training.global_batch} x seq {sp.training.seq_len}, micro-batch "
                  f"{sp.training.micro_batch}, {d.microbatches} micro-batches, schedule {d.schedule.name}, "
-                 f"recompute {sp.training.recompute.value}, ZeRO-{d.zero}")
+                 f"recompute {sp.training.recompute.value}, ZeRO-{d.zero}" + _zero_note(sp, d))
         if d.pp > 1 and len(set(d.stage_layers)) > 1:
             L.append(f"stages   layers per stage {d.stage_layers}")
     if plan.params:
         L.append(f"model    {_fmt_count(plan.params)} parameters" +
                  (f" ({_fmt_count(plan.active_params)} active)" if plan.active_params != plan.params else ""))
     return L
+
+
+def _zero_note(sp, d) -> str:
+    configured = sp.stack.zero if sp.layout.zero is None else sp.layout.zero
+    if configured == 3 and d.zero == 2:  # plan/validate.py: stack.pp_keeps_weights_gathered
+        return " (ZeRO-3's weights stay gathered under pipelining)"
+    return ""
 
 
 def _memory(plan) -> list[str]:

@@ -135,8 +135,11 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
     if problems:
         return None, problems, warnings
     lay = spec.layout
+    zero = spec.stack.zero if lay.zero is None else lay.zero
+    if zero == 3 and lay.pp > 1 and spec.stack.pp_keeps_weights_gathered:
+        zero = 2
     layout = Layout(world=world, tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=dp, ep=lay.ep, etp=etp, vp=lay.vp,
-                    zero=spec.stack.zero if lay.zero is None else lay.zero, dp_shard=dp_shard,
+                    zero=zero, dp_shard=dp_shard,
                     micro_batch=spec.training.micro_batch, microbatches=mb,
                     stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order,
                     experts=spec.model.moe.experts, pipeline_rules=rules)

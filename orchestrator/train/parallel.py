@@ -99,11 +99,12 @@ def apply_cp(model: Transformer, group, cp: int, cp_rank: int) -> None:
         block.attention.cp_group, block.attention.cp, block.attention.cp_rank = group, cp, cp_rank
 
 
-def apply_recompute(model: Transformer, mode: str) -> None:
+def apply_recompute(model: Transformer, mode: str, layers: int | None = None) -> None:
     """Activation checkpointing as the plan counts it: `full` keeps only each block's input
-    and re-runs the block in backward; `selective` re-runs the norms, the attention core and
-    the MLP activations (the cheap, activation-heavy parts). Checkpoint wrappers do not
-    change the state-dict names the DCP helpers report."""
+    and re-runs the block in backward (with `layers`, only the chunk's first that many blocks,
+    Megatron's block method: the rest keep their activations); `selective` re-runs the norms,
+    the attention core and the MLP activations (the cheap, activation-heavy parts).
+    Checkpoint wrappers do not change the state-dict names the DCP helpers report."""
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -111,9 +112,10 @@ def apply_recompute(model: Transformer, mode: str) -> None:
     def wrap(m):
         return checkpoint_wrapper(m, preserve_rng_state=False)
 
-    for key, block in list(model.layers.items()):
+    for i, (key, block) in enumerate(list(model.layers.items())):
         if mode == "full":
-            model.layers[key] = wrap(block)
+            if layers is None or i < layers:
+                model.layers[key] = wrap(block)
             continue
         block.attention_norm, block.ffn_norm = wrap(block.attention_norm), wrap(block.ffn_norm)
         block.attention.core = wrap(block.attention.core)
@@ -154,7 +156,7 @@ def _expert_params(model) -> set | None:
 
 
 def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: int, device: torch.device,
-                      mp: MixedPrecisionPolicy | None, recompute: str = "none"):
+                      mp: MixedPrecisionPolicy | None, recompute: str = "none", recompute_layers: int | None = None):
     """The model chunks (virtual pipeline stages) this rank runs, parallelised: [(stage id, module)]."""
     lay, mesh = plan["layout"], meshes["dense"]
     torch.manual_seed(seed)  # every rank builds the same full model, then keeps its share
@@ -180,10 +182,11 @@ def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: i
         set_sequence_groups(part, mesh["tp"].get_group() if lay["tp"] > 1 else None,
                             mesh["cp"].get_group() if lay["cp"] > 1 else None, lay["tp"] * lay["cp"],
                             aux_scale=1.0 if lay["pp"] > 1 else 1.0 / lay["microbatches"])
-        apply_recompute(part, recompute)
-        # Under pipelining the weights stay gathered between forward and backward: the
-        # zero-bubble schedules give wrong gradients otherwise (../shared/notes/torch-cpu.md).
-        apply_fsdp(part, fsdp, reshard_after_forward=lay["pp"] == 1, mp=mp, expert_mesh=edp)
+        apply_recompute(part, recompute, recompute_layers)
+        # ZeRO-3 re-gathers the weights for backward, ZeRO-2 keeps them gathered from forward to
+        # backward. Under pipelining they stay gathered whatever zero says (the plan counts it so):
+        # the zero-bubble schedules give wrong gradients otherwise (../shared/notes/torch-cpu.md).
+        apply_fsdp(part, fsdp, reshard_after_forward=lay["zero"] == 3 and lay["pp"] == 1, mp=mp, expert_mesh=edp)
     return parts
 
 

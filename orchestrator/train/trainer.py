@@ -104,7 +104,7 @@ class Trainer:
 
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         self.parts = build_model_parts(self.plan, self.spec.model, self.meshes, self.coords, tr.seed, self.device,
-                                       mp, recompute=tr.recompute.value)
+                                       mp, recompute=tr.recompute.value, recompute_layers=tr.recompute_layers)
         self.opts = [torch.optim.AdamW(part.parameters(), lr=tr.lr, betas=(0.9, 0.95), eps=tr.adam_eps,
                                        weight_decay=0.0) for _, part in self.parts]
         ids = [i for i, _ in self.parts]
