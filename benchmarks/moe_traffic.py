@@ -44,15 +44,19 @@ def measure(name: str, overrides: list[str], steps: int, run: Path) -> None:
     metrics = json.loads((run / "metrics.json").read_text())
     (ep,) = [a for a in plan["axes"] if a["name"] == "ep"]
     sent = metrics["ep_bytes_per_rank"][1:]  # step 0 pays one-off start-up in its time, not bytes
-    mean = statistics.mean(statistics.mean(s) for s in sent)
+    # The plan's per-GPU figure is the pace-setting pipeline stage's: compare its ranks.
+    g = plan["ranks"]
+    paced = [r for r in range(plan["world_size"])
+             if (r // g["strides"]["pp"]) % g["sizes"]["pp"] == plan["step"]["stage"]]
+    mean = statistics.mean(statistics.mean(s[r] for r in paced) for s in sent)
     busiest = statistics.mean(max(s) for s in sent)
     tb = run / "tensorboard"
     imb = scalars(tb, "moe/imbalance/")
     a2a = scalars(tb, "time/ep_all_to_all_s_max")["time/ep_all_to_all_s_max"][1:]
     step = metrics["step_time_s"][1:]
     print(f"== {name}: {steps} steps, plan {plan['layout']['label']}")
-    print(f"  all-to-all bytes/step/GPU: plan {ep['bytes_per_step'] / 1e6:.3f} MB, measured mean "
-          f"{mean / 1e6:.3f} MB ({mean / ep['bytes_per_step']:.2f}x), busiest rank {busiest / 1e6:.3f} MB")
+    print(f"  all-to-all bytes/step/GPU (stage {plan['step']['stage']}): plan {ep['bytes_per_step'] / 1e6:.3f} MB, "
+          f"measured mean {mean / 1e6:.3f} MB ({mean / ep['bytes_per_step']:.2f}x), busiest rank {busiest / 1e6:.3f} MB")
     for tag in sorted(imb):
         v = imb[tag]
         print(f"  imbalance {tag.split('/')[-1]}: step 1 {v[0]:.2f}, step {len(v)} {v[-1]:.2f}, "

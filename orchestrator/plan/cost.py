@@ -431,7 +431,17 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                 "pp_bubble": ach.bubble, "p2p": p2p, "dp_exposed": ach.dp}
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
-    # The axes report what the predicted step pays.
+    # The axes report what the predicted step pays: the calls and bytes of the stage that sets
+    # the pace (whose seconds these are; DualPipe: the mean of its two), not the compute-slowest
+    # stage's that ranked the axes for the order before the tiers were known.
+    paced = [traffic[ach.stage]]
+    if bidirectional and len(traffic) > 1:
+        paced.append(traffic[len(traffic) - 1 - ach.stage])
+    for name in ("tp", "cp", "ep"):
+        calls = sum(getattr(tt, name)[0] for tt in paced) / len(paced)
+        per_mb = sum(getattr(tt, name)[0] * getattr(tt, name)[1] for tt in paced) / len(paced)
+        a = axes[name]
+        a.calls_per_step, a.bytes_per_step, a.bytes_per_microbatch = m * calls, m * per_mb, per_mb
     _data_parallel(axes, tiers, d, ach.comp, m, spec, dp_gbps, commit=True)
     axes["ep"].hidden_s = m * ach.ep_hidden
     for name, t in (("tp", ach.tp), ("cp", ach.cp), ("ep", ach.ep)):
