@@ -11,6 +11,7 @@ from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config
 from orchestrator.plan.inventory import GiB, Memory, inventory
 from orchestrator.plan.model import ModelMath
+from orchestrator.plan.report import fmt_bytes
 from orchestrator.plan.stages import build_stages
 from orchestrator.plan.topology import Tier
 from orchestrator.plan.validate import validate
@@ -26,9 +27,9 @@ def judge_cross_node_tp(plan, tier_list: list[Tier]) -> None:
     # Transfer time alone (bytes / bandwidth), as seed 1 quotes it; the step adds latency.
     on_net = a.bytes_per_microbatch / (a.gbps * 1e9)
     on_nv = a.bytes_per_microbatch / (nv.gbps * 1e9)
-    cost = (f"its {calls:.0f} collectives per micro-batch move {a.bytes_per_microbatch / 1e9:.1f} GB over the "
-            f"{a.gbps:g} GB/s {a.tier} tier: {on_net:.2f} s instead of {on_nv * 1e3:.0f} ms on NVLink, against "
-            f"{plan.step.compute_microbatch_s * 1e3:.0f} ms of arithmetic")
+    cost = (f"its {calls:.0f} collectives per micro-batch move {fmt_bytes(a.bytes_per_microbatch)} over the "
+            f"{a.gbps:g} GB/s {a.tier} tier: {_secs(on_net)} instead of {_secs(on_nv)} on NVLink, against "
+            f"{_secs(plan.step.compute_microbatch_s)} of arithmetic")
     where = (f"layout.tp={d.tp} spans {math.ceil(d.tp / gpn)} nodes of {gpn} GPUs" if d.tp > gpn else
              f"layout.tp={d.tp} groups straddle nodes of {gpn} GPUs (order {plan.order})")
     if spec.layout.allow_cross_node_tp:
@@ -37,6 +38,11 @@ def judge_cross_node_tp(plan, tier_list: list[Tier]) -> None:
         plan.errors.append(Problem("layout.tp", f"{where}: {cost}.",
                                    f"keep tp <= {gpn} and innermost (layout.order=auto), or set "
                                    f"layout.allow_cross_node_tp=true to run it anyway."))
+
+
+def _secs(s: float) -> str:
+    """As seed 1 quotes them: 1.61 s, 179 ms; small runs' fractions of a millisecond too."""
+    return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.0f} ms" if s >= 0.01 else f"{s * 1e3:.2f} ms"
 
 
 # The keys the stack, fabric and kernel model added, with their physical ranges (plan/validate.py

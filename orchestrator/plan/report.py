@@ -8,7 +8,7 @@ STEP_PARTS = (("compute", "arithmetic"), ("tp", "TP collectives"), ("cp", "CP co
               ("dp_exposed", "exposed DP"))
 
 
-def _fmt_bytes(b: float) -> str:
+def fmt_bytes(b: float) -> str:
     for unit, k in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if b >= k:
             return f"{b / k:.1f} {unit}"
@@ -125,7 +125,7 @@ def _axes(plan) -> list[str]:
     for a in (plan.axes[n] for n in names):
         if a.size > 1 and (a.calls_per_step or a.name in ("tp", "cp", "pp")):
             L.append(f"  {a.name:<4} {a.size:>5}  {a.collective:<38} {a.calls_per_step:>10.0f} "
-                     f"{_fmt_bytes(a.bytes_per_step):>15} {a.tier:<8} {a.gbps:>6.1f} {_fmt_s(a.seconds):>10} "
+                     f"{fmt_bytes(a.bytes_per_step):>15} {a.tier:<8} {a.gbps:>6.1f} {_fmt_s(a.seconds):>10} "
                      f"{_fmt_s(a.exposed_s):>10}")
     return L
 
@@ -135,7 +135,7 @@ def _blast(plan) -> list[str]:
     L = ["", f"blast radius  {br['gpus_per_replica']} GPUs per replica must be alive together; one node "
              f"failure takes down {br['replicas_lost_per_node_failure']} of {br['replicas']} replicas"]
     if br["checkpoint_interval_s"]:
-        L.append(f"  job MTBF {br['job_mtbf_hours']:.1f} h; checkpoint {_fmt_bytes(br['checkpoint_bytes'])} "
+        L.append(f"  job MTBF {br['job_mtbf_hours']:.1f} h; checkpoint {fmt_bytes(br['checkpoint_bytes'])} "
                  f"in {_fmt_s(br['checkpoint_seconds'])}; Young/Daly interval "
                  f"{br['checkpoint_interval_s'] / 60:.1f} min (overhead {br['expected_overhead']:.1%})")
     return L
