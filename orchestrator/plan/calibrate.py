@@ -277,6 +277,7 @@ class Prediction:
 
 _SPECS: dict[tuple, object] = {}
 _BASES: dict[tuple, object] = {}
+_SHAPES: dict[tuple, object] = {}  # row -> its layout placed (plan.Shaped) or its rejected Plan
 _MM: dict[str, object] = {}
 
 
@@ -373,12 +374,16 @@ def with_params(spec, params: dict | None):
 
 
 def predict_one(row: Row, params: dict | None = None, legacy: bool = False) -> Prediction:
-    from orchestrator.plan.plan import plan_spec
+    from orchestrator.plan.plan import Plan, cost_plan, shape_plan
 
     spec = row_spec(row, legacy)
     if spec is None:
         return Prediction(row, None, None, None)
-    plan = plan_spec(with_params(spec, params), mm=_model_math(spec))
+    key = (row.name, legacy)
+    if key not in _SHAPES:  # the fitted coefficients change the costs, never the shape
+        _SHAPES[key] = shape_plan(spec, mm=_model_math(spec))
+    shaped = _SHAPES[key]
+    plan = shaped if isinstance(shaped, Plan) else cost_plan(shaped, with_params(spec, params))
     if plan.step is None:
         return Prediction(row, plan, None, None)
     step = true_step_s(row, plan)

@@ -6,7 +6,7 @@ runtime builds its process groups, model chunks and data split from it alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.config.compose import to_dict
@@ -95,26 +95,58 @@ class Plan:
 
 
 def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMath | None = None) -> Plan:
+    shaped = shape_plan(spec, order_override, mm)
+    return shaped if isinstance(shaped, Plan) else cost_plan(shaped, spec)
+
+
+@dataclass
+class Shaped:
+    """A layout placed on the machine: what the kernel and cost coefficients do not change
+    (calibration fits those, re-costing the same shapes many times)."""
+
+    layout: Layout
+    order: list[str]
+    stages: list
+    axes: dict[str, AxisReport]
+    tiers: dict[str, Tier]
+    mm: ModelMath
+    warnings: list[str]
+    blast_radius: dict | None = None
+
+
+def shape_plan(spec: Config, order_override: list[str] | None = None,
+               mm: ModelMath | None = None) -> Shaped | Plan:
+    """Validate, split into stages, count each axis' traffic and place it; a rejected Plan
+    when the layout is invalid."""
     layout, problems, warnings = validate(spec)
     world = spec.cluster.nodes * spec.hardware.gpus_per_node
-    plan = Plan(valid=False, errors=problems, warnings=list(warnings), world_size=world, spec=spec)
     if layout is None:
-        return plan
+        return Plan(valid=False, errors=problems, warnings=list(warnings), world_size=world, spec=spec)
     mm = mm or ModelMath(spec.model)
     tr, hw = spec.training, spec.hardware
-    plan.params, plan.active_params = mm.total_params, mm.active_params
     stages = build_stages(mm, layout, tr.seq_len, tr.recompute, tr.flash_attention, spec.cost.attention_flops,
                           spec.stack.selective, tr.recompute_layers, tr.mtp_depth)
     axes = axis_traffic(stages, layout, mm, tr, hw, spec.layout.sequence_parallel, spec)
     order = order_override or layout.order or auto_order(axes, layout)
     problems = check_order(layout, order) if not layout.order else []  # a written order was checked already
     if problems:
-        plan.errors += problems
-        return plan
+        return Plan(valid=False, errors=problems, warnings=list(warnings), world_size=world, spec=spec)
     tiers = _place(axes, layout, order, spec)
-    step = step_time(stages, layout, mm, tr, hw, axes, tiers, spec, order)
+    return Shaped(layout, order, stages, axes, tiers, mm, list(warnings))
+
+
+def cost_plan(shaped: Shaped, spec: Config) -> Plan:
+    """Step time, memory, MFU and the judgements of a shaped layout under `spec`: the shape's
+    own spec, or one that differs from it only in kernel and cost coefficients."""
+    layout, stages, mm = shaped.layout, shaped.stages, shaped.mm
+    tr, hw = spec.training, spec.hardware
+    world = spec.cluster.nodes * hw.gpus_per_node
+    plan = Plan(valid=False, errors=[], warnings=list(shaped.warnings), world_size=world, spec=spec)
+    plan.params, plan.active_params = mm.total_params, mm.active_params
+    axes = {k: replace(a) for k, a in shaped.axes.items()}  # the step writes its seconds into them
+    step = step_time(stages, layout, mm, tr, hw, axes, shaped.tiers, spec, shaped.order)
     memory = inventory(stages, layout, hw, tr, mm.V, spec)
-    plan.layout, plan.order, plan.axes, plan.step, plan.memory = layout, order, axes, step, memory
+    plan.layout, plan.order, plan.axes, plan.step, plan.memory = layout, shaped.order, axes, step, memory
 
     tokens = tr.global_batch * tr.seq_len
     model_flops = mm.model_flops_per_token(tr.seq_len, spec.cost.attention_flops) * tokens
@@ -125,7 +157,9 @@ def plan_spec(spec: Config, order_override: list[str] | None = None, mm: ModelMa
     plan.hfu = hw_flops / (world * peak * step.wall_s)
     plan.tflops_per_gpu = plan.mfu * hw.peak_tflops
     plan.tokens_per_s = tokens / step.wall_s
-    plan.blast_radius = blast_radius(plan, mm)
+    if shaped.blast_radius is None:
+        shaped.blast_radius = blast_radius(plan, mm)
+    plan.blast_radius = shaped.blast_radius
     judge_cross_node_tp(plan, tiers_for(spec))
     judge_memory(plan)
     plan.valid = not plan.errors
