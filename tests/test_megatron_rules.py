@@ -95,7 +95,9 @@ def _config(c: Case, stack: str):
             if c.experts else 0, shared_experts=c.shared, dense_layers=c.dense_layers)
     model = r(base.model, layers=c.layers, hidden=c.heads * 16, ffn_hidden=c.ffn, heads=c.heads, kv_heads=c.kv_heads,
               head_dim=None, moe=moe)
-    layout = r(base.layout, tp=c.tp, cp=c.cp, pp=c.pp, dp="auto", ep=c.ep, etp=c.etp, vp=c.vp, order=c.order,
+    # The reference's unset etp is Megatron's default (tp); torch stacks default to 1, so say it.
+    etp = c.etp if stack == "megatron" else c.etp_
+    layout = r(base.layout, tp=c.tp, cp=c.cp, pp=c.pp, dp="auto", ep=c.ep, etp=etp, vp=c.vp, order=c.order,
                sequence_parallel=c.sp, allow_cross_node_tp=not c.extra.get("cross_node_tp"), zero=None)
     training = r(base.training, seq_len=c.seq, global_batch=c.global_batch, micro_batch=c.micro_batch)
     schedule = r(base.schedule, name=Schedule["interleaved_1f1b" if c.interleaved_schedule else "1f1b"])
@@ -289,6 +291,14 @@ def test_mlp_width_is_padded_by_torch_and_refused_by_megatron():
     bad = plan_of(*MOE, "cluster.nodes=1", "layout.tp=4", "layout.ep=1", "model.moe.expert_ffn_hidden=30",
                   "training.global_batch=4", *MEGATRON)
     assert _keys(bad) == ["layout.etp, model.moe.expert_ffn_hidden"]
+
+
+def test_layout_etp_unset_takes_the_stacks_default():
+    """torchtitan (and this runtime) run experts without TP unless told; Megatron gives them tp."""
+    base = MOE + ["cluster.nodes=1", "layout.tp=2", "layout.ep=2", "training.global_batch=4"]
+    assert plan_of(*base).layout.etp == 1 and plan_of(*base, "stack=torchtitan").layout.etp == 1
+    assert plan_of(*base, *MEGATRON).layout.etp == 2
+    assert plan_of(*base, "layout.etp=2").layout.etp == 2
 
 
 def test_megatron_moe_needs_sequence_parallelism_with_tp():

@@ -194,7 +194,7 @@ def test_replan_says_why_ep_cannot_survive(tmp_path):
 
 
 @pytest.mark.parametrize("name,overrides,problem", [
-    ("etp", ["layout.tp=2", "layout.ep=2"], "layout.etp"),
+    ("etp", ["layout.tp=2", "layout.ep=2", "layout.etp=2"], "layout.etp"),
     ("copies", ["layout.ep=2", "layout.dp_shard=2"], "layout.dp_shard"),
 ])
 def test_runtime_refuses_what_it_does_not_run_before_launch(tmp_path, name, overrides, problem):

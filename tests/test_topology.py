@@ -269,8 +269,8 @@ def test_expert_and_dense_groups_match_megatron_core(order, tp, cp, pp, ep, etp)
     world = 16
     overrides = [*MOE_TINY, "cluster.nodes=4", f"layout.tp={tp}", f"layout.cp={cp}", f"layout.pp={pp}",
                  f"layout.ep={ep}", f"layout.order={order}", "layout.allow_cross_node_tp=true"]
-    if etp is not None:
-        overrides.append(f"layout.etp={etp}")
+    # None: Megatron's default etp (tp), which this runtime's stack does not share (it defaults to 1)
+    overrides.append(f"layout.etp={tp if etp is None else etp}")
     plan = plan_of(*overrides)
     assert plan.valid, [str(e) for e in plan.errors]
     want = _megatron_groups(order, world, tp, cp, pp, ep, etp)

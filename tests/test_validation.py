@@ -106,7 +106,8 @@ INVALID = [
     (["model=llama3_8b", "cluster.nodes=4", "layout.pp=4", "layout.stage_layers=[8,8,8]"],
      "layout.stage_layers", "needs 4 entries"),
     (["model=llama3_8b", "cluster.nodes=2", "layout.ep=1", "model.moe.experts=8", "model.moe.experts_per_token=2",
-      "model.moe.expert_ffn_hidden=1024", "layout.ep=16", "layout.tp=8"], "layout.ep, layout.etp", "expert grid"),
+      "model.moe.expert_ffn_hidden=1024", "layout.ep=16", "layout.tp=8", "layout.etp=8"],
+     "layout.ep, layout.etp", "expert grid"),
 ]
 
 

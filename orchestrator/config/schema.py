@@ -150,6 +150,9 @@ class StackConfig:
     # forward to the last one's backward (torch.distributed.pipelining with FSDP2; torchtitan's
     # default): ZeRO-3 then holds and moves what ZeRO-2 does, and is planned as ZeRO-2.
     pp_keeps_weights_gathered: bool = False
+    # layout.etp unset: experts take the dense tensor-parallel degree (Megatron: etp defaults to
+    # tp, megatron/training/arguments.py) or none (torchtitan: expert_tensor_parallel_degree=1).
+    expert_tp_follows_tp: bool = True
     grad_bytes: float = 2.0  # per parameter in the gradient buffer (Megatron keeps fp32 main grads: 4)
     # The part of the step that hides data-parallel traffic (gradient reduce-scatter or
     # all-reduce, weight all-gather), as a fraction of the step's compute.

@@ -36,7 +36,7 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
     if m.moe.experts:
         if layout.etp > 1:
             out.append(Problem("layout.etp", f"the runtime runs experts without tensor parallelism (etp=1: each "
-                               f"tensor rank routes its sequence shard); etp={layout.etp} (etp defaults to tp).",
+                               f"tensor rank routes its sequence shard); layout.etp={layout.etp}.",
                                "set layout.etp=1, or launcher=dry to plan expert tensor parallelism."))
         if layout.dp_replicate > 1:
             out.append(Problem("layout.dp_shard", f"copies of the state (dp {layout.dp} / dp_shard "

@@ -144,7 +144,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
                     stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order,
                     experts=spec.model.moe.experts, pipeline_rules=rules)
     if order is not None:
-        problems += check_order(layout, order, configured_etp=lay.etp or lay.tp, written=_written(lay.order))
+        problems += check_order(layout, order, configured_etp=default_etp(spec), written=_written(lay.order))
     if problems:
         return None, problems, warnings
     return layout, problems, warnings
@@ -240,6 +240,13 @@ def _check_product(spec: Config, problems: list[Problem]) -> tuple[int, int]:
     return world, dp
 
 
+def default_etp(spec: Config) -> int:
+    """layout.etp, or the stack's default: tp (Megatron, megatron/training/arguments.py:587-588)
+    or 1 (torchtitan, this runtime)."""
+    lay = spec.layout
+    return lay.etp or (lay.tp if spec.stack.expert_tp_follows_tp else 1)
+
+
 def _check_experts(spec: Config, world: int, dp: int, dp_shard: int, rules: str, problems: list[Problem],
                    warnings: list[str]) -> int:
     """The expert grid, as Megatron-Core's initialize_model_parallel builds it: etp x ep x pp
@@ -247,7 +254,7 @@ def _check_experts(spec: Config, world: int, dp: int, dp_shard: int, rules: str,
     data parallelism (and tensor parallelism where etp < tp). Returns etp."""
     lay, m = spec.layout, spec.model
     ep, pp, tp = lay.ep, lay.pp, lay.tp
-    etp = lay.etp or tp  # megatron/training/arguments.py:587-588: etp defaults to tp
+    etp = default_etp(spec)
     if m.moe.experts == 0:
         # Megatron: ep > 1 needs num_experts (megatron/training/arguments.py:1654-1658); torchtitan
         # builds no expert mesh for a dense model.
@@ -255,6 +262,7 @@ def _check_experts(spec: Config, world: int, dp: int, dp_shard: int, rules: str,
             problems.append(Problem("layout.ep, model.moe.experts", f"ep={ep} needs a mixture-of-experts model; "
                                     f"{m.name} is dense.", "set layout.ep=1."))
             return tp
+        etp = lay.etp or tp  # a dense model's expert grid, where a stack builds one, is Megatron's
         if etp != tp:
             # Megatron builds the expert grid for a dense model too and refuses one that does not
             # tile the world (megatron/core/parallel_state.py:874-884); otherwise etp is unused.
