@@ -431,17 +431,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                 "pp_bubble": ach.bubble, "p2p": p2p, "dp_exposed": ach.dp}
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
-    # The axes report what the predicted step pays: the calls and bytes of the stage that sets
-    # the pace (whose seconds these are; DualPipe: the mean of its two), not the compute-slowest
-    # stage's that ranked the axes for the order before the tiers were known.
-    paced = [traffic[ach.stage]]
-    if bidirectional and len(traffic) > 1:
-        paced.append(traffic[len(traffic) - 1 - ach.stage])
-    for name in ("tp", "cp", "ep"):
-        calls = sum(getattr(tt, name)[0] for tt in paced) / len(paced)
-        per_mb = sum(getattr(tt, name)[0] * getattr(tt, name)[1] for tt in paced) / len(paced)
-        a = axes[name]
-        a.calls_per_step, a.bytes_per_step, a.bytes_per_microbatch = m * calls, m * per_mb, per_mb
+    # The axes report what the predicted step pays.
+    _paced_traffic(axes, traffic, ach.stage, bidirectional, m)
     _data_parallel(axes, tiers, d, ach.comp, m, spec, dp_gbps, commit=True)
     axes["ep"].hidden_s = m * ach.ep_hidden
     for name, t in (("tp", ach.tp), ("cp", ach.cp), ("ep", ach.ep)):
@@ -455,6 +446,19 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
                 **{"wall_" + k: v for k, v in wall.items()})
+
+
+def _paced_traffic(axes: dict[str, AxisReport], traffic: list[Traffic], stage: int, bidirectional: bool,
+                   m: int) -> None:
+    """TP/CP/EP calls and bytes of the stage that sets the pace (whose seconds the axes report;
+    DualPipe: the mean of a rank's two), not the compute-slowest stage's that ranked the axes
+    for the order before the tiers were known."""
+    paced = [traffic[stage]] + ([traffic[len(traffic) - 1 - stage]] if bidirectional and len(traffic) > 1 else [])
+    for name in ("tp", "cp", "ep"):
+        calls = sum(getattr(tt, name)[0] for tt in paced) / len(paced)
+        per_mb = sum(getattr(tt, name)[0] * getattr(tt, name)[1] for tt in paced) / len(paced)
+        a = axes[name]
+        a.calls_per_step, a.bytes_per_step, a.bytes_per_microbatch = m * calls, m * per_mb, per_mb
 
 
 def _scores_s(tt: Traffic, st: Stage, mm: ModelMath, tr, hw, d: Layout) -> float:
