@@ -116,6 +116,8 @@ def run(overrides: list[str], argv: list[str]) -> int:
     run_dir = Path(cfg.hydra.run.dir)
     plan = make_plan(cfg)
     print(render_table(plan))
+    if plan.spec is None:  # the values did not make a typed config (make_plan named them): nothing to write
+        return print_rejection(plan.errors)
     if plan.valid:  # values that reach a shell, a batch script or a path: before anything is written
         launcher = launcher_for(plan, run_dir, argv)
         problems = launcher.preflight()

@@ -146,6 +146,14 @@ def test_cli_rejects_with_exit_2_and_no_traceback(cli):
     assert "layout.tp" in r.stderr and "nothing was launched" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["hardware.intra_node_latency_us=???", "model.norm_eps=${nope}"])
+def test_cli_rejects_a_value_that_makes_no_config_with_exit_2(cli, value):
+    """Found by benchmarks/fuzz_plans.py: these passed compose and broke after planning (exit 1)."""
+    r = cli("recipe=megatron_1t", value, "figures=false")
+    assert r.returncode == 2, r.stderr
+    assert "internal error" not in r.stderr + r.stdout and value.split("=")[0] in r.stderr
+
+
 def test_cli_misspelled_key_names_the_key(cli):
     r = cli("layout.tpp=8")
     assert r.returncode != 0
