@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from orchestrator.plan.inventory import GiB
+from orchestrator.plan.validate import configured_zero
 
 STEP_PARTS = (("compute", "arithmetic"), ("tp", "TP collectives"), ("cp", "CP collectives"),
               ("ep", "EP all-to-all"), ("pp_bubble", "pipeline bubble"), ("p2p", "P2P sends"),
@@ -80,8 +81,7 @@ def _header(plan) -> list[str]:
 
 
 def _zero_note(sp, d) -> str:
-    configured = sp.stack.zero if sp.layout.zero is None else sp.layout.zero
-    if configured == 3 and d.zero == 2:  # plan/validate.py: stack.pp_keeps_weights_gathered
+    if configured_zero(sp) == 3 and d.zero == 2:  # stack.pp_keeps_weights_gathered
         return " (ZeRO-3's weights stay gathered under pipelining)"
     return ""
 

@@ -135,7 +135,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
     if problems:
         return None, problems, warnings
     lay = spec.layout
-    zero = spec.stack.zero if lay.zero is None else lay.zero
+    zero = configured_zero(spec)
     if zero == 3 and lay.pp > 1 and spec.stack.pp_keeps_weights_gathered:
         zero = 2
     layout = Layout(world=world, tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=dp, ep=lay.ep, etp=etp, vp=lay.vp,
@@ -238,6 +238,11 @@ def _check_product(spec: Config, problems: list[Problem]) -> tuple[int, int]:
                                 f"dp({dp}) * cp({c}) * tp({t}) * pp({p}) = {mp * dp} != {world_txt}.", fix))
         return world, 0
     return world, dp
+
+
+def configured_zero(spec: Config) -> int:
+    """layout.zero, or the stack's; the layout's own may be lower (stack.pp_keeps_weights_gathered)."""
+    return spec.stack.zero if spec.layout.zero is None else spec.layout.zero
 
 
 def default_etp(spec: Config) -> int:
