@@ -43,18 +43,21 @@ def register() -> None:
     _registered = True
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "config", hydra: bool = False) -> DictConfig:
+def compose(overrides: list[str] | None = None, config_name: str = "config", hydra: bool = False,
+            config_dir: str | None = None) -> DictConfig:
     """Compose as the command line would. With `hydra`, the `hydra` node (run and sweep
-    directories) is kept; otherwise it is dropped.
+    directories) is kept; otherwise it is dropped. `config_dir` is `--config-dir`: a site's
+    folder of more presets (DIR/hardware/*.yaml, DIR/fabric/*.yaml, ...) searched after the
+    packaged tree, as Hydra searches it.
 
     Raises ConfigError with every bad override, not only the first: each one Hydra refuses
     is set aside and the rest composed again. The error's `partial` holds the config of
     the good overrides, so the caller can report the planner's problems in the same go."""
-    register()
     todo, problems = list(overrides or []), []
+    app = hydra_app(config_dir)
     for _ in range(len(todo) + 1):
         try:
-            cfg = _hydra_compose(todo, config_name, hydra)
+            cfg = _hydra_compose(app, todo, config_name)
             problems += unknown_keys(cfg)
             break
         except Exception as e:  # Hydra's and OmegaConf's errors become the project's own
@@ -74,14 +77,48 @@ def compose(overrides: list[str] | None = None, config_name: str = "config", hyd
     return cfg
 
 
-def _hydra_compose(overrides: list[str], config_name: str, hydra: bool) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+_app: dict = {}  # the Hydra this process made, and the --config-dir it was made with
+
+
+def hydra_app(config_dir: str | None = None):
+    """Hydra (its config loader, search path and plugins) over the packaged tree and a site's
+    `--config-dir`, made once per process and per config dir, as `@hydra.main` makes it:
+    the packaged conf/ is the primary search path, the extra dir comes after it (Hydra's
+    `--config-dir` semantics: a site adds new options; a same-named packaged file wins)."""
+    import os
+
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
+    register()
+    extra = os.path.abspath(config_dir) if config_dir else None
+    gh = GlobalHydra.instance()
+    if gh.is_initialized() and _app.get("hydra") is gh.hydra and _app.get("dir") == extra:
+        return gh.hydra
+    if extra and not os.path.isdir(extra):
+        raise ConfigError([Problem("--config-dir", f"{config_dir!r} is not a directory ({extra}).",
+                                   "give a folder holding group folders, e.g. DIR/hardware/my_gpu.yaml.")])
+    gh.clear()
+    search = create_config_search_path(str(CONF_DIR))
+    if extra:
+        search.prepend(provider="command-line", path=f"file://{extra}", anchor=SearchPathQuery(provider="schema"))
+    _app.update(dir=extra, hydra=Hydra.create_main_hydra2(task_name="orchestrate", config_search_path=search))
+    return _app["hydra"]
+
+
+def _hydra_compose(app, overrides: list[str], config_name: str) -> DictConfig:
+    from hydra.types import RunMode
+
+    return app.compose_config(config_name=config_name, overrides=list(overrides), run_mode=RunMode.RUN,
+                              from_shell=False, with_log_configuration=False)
+
+
+def group_names(config_dir: str | None = None) -> set[str]:
+    """Every config group of the search path (packaged, registered and the site's)."""
+    loader = hydra_app(config_dir).config_loader
+    return {g for g in loader.list_groups("") if g != "hydra"}
 
 
 def unknown_keys(cfg: DictConfig) -> list[Problem]:

@@ -16,7 +16,9 @@ PACKAGES = ("torch", "hydra-core", "omegaconf", "submitit", "fsspec", "tensorboa
 
 
 def write_config(run_dir: Path, cfg, overrides: list[str], argv: list[str]) -> None:
-    """.hydra/config.yaml and overrides.yaml as Hydra writes them, and manifest.json."""
+    """.hydra/config.yaml and overrides.yaml as Hydra writes them, hydra.yaml with the keys that
+    say where the config came from (hydra.job.config_name, hydra.runtime.config_sources: a
+    --config-dir is one of them), and manifest.json."""
     from omegaconf import OmegaConf, open_dict
 
     hydra_dir = Path(run_dir) / ".hydra"
@@ -26,6 +28,10 @@ def write_config(run_dir: Path, cfg, overrides: list[str], argv: list[str]) -> N
         job.pop("hydra", None)
     (hydra_dir / "config.yaml").write_text(OmegaConf.to_yaml(job))
     (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    if "hydra" in cfg:
+        sources = {"job": {"config_name": cfg.hydra.job.config_name},
+                   "runtime": {"config_sources": OmegaConf.to_container(cfg.hydra.runtime.config_sources)}}
+        (hydra_dir / "hydra.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"hydra": sources})))
     (Path(run_dir) / "manifest.json").write_text(json.dumps(manifest(argv), indent=1) + "\n")
 
 

@@ -168,6 +168,18 @@ def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
     return kept + list(extra) + [f"hydra.run.dir={run_dir}"]
 
 
+def resume_sources(run_dir: Path) -> dict:
+    """The primary config and the --config-dir the run was composed with (.hydra/hydra.yaml)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / ".hydra" / "hydra.yaml"
+    if not path.exists():
+        return {}
+    h = OmegaConf.load(path).hydra
+    extra = [s.path for s in h.runtime.config_sources if s.provider == "command-line" and s.schema == "file"]
+    return {"config_name": h.job.config_name, "config_dir": extra[0] if extra else None}
+
+
 # ---- following -------------------------------------------------------------------------------
 DONE = ("completed", "failed", "stopped", "cancelled")
 SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "NODE_FAIL",

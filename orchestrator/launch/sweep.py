@@ -26,7 +26,7 @@ def expand(args: list[str]) -> list[list[str]]:
     return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
 
 
-def run_sweep(args: list[str]) -> int:
+def run_sweep(args: list[str], config_dir: str | None = None, config_name: str = "config") -> int:
     from orchestrator.config.compose import compose
     from orchestrator.config.errors import ConfigError
     from orchestrator.plan import make_plan
@@ -40,7 +40,7 @@ def run_sweep(args: list[str]) -> int:
     for i, point in enumerate(expand(args)):
         row = {"point": i, "overrides": point, "dir": str(sweep_dir / str(i))}
         try:
-            cfg = compose(point)
+            cfg = compose(point, config_dir=config_dir, config_name=config_name)
         except ConfigError as e:  # a bad key or value in this point: report it, plan the rest
             row.update(valid=False, errors=[p.to_dict() for p in e.problems])
             rows.append(row)
