@@ -17,6 +17,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from orchestrator import rundir
+
 
 def expand(args: list[str]) -> list[list[str]]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -146,7 +148,7 @@ def measure(row: dict) -> None:
 
 
 def write_summary(sweep_dir: Path, summary: dict) -> None:
-    (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    rundir.write_json(sweep_dir / rundir.SWEEP_JSON, summary, default=str)
 
 
 def print_table(rows: list[dict]) -> None:

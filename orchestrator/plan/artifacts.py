@@ -3,14 +3,10 @@ run, what is measured against it (`write_measured`). Torch-free: the launcher ca
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
-
-def json_default(x):
-    if hasattr(x, "item"):  # numpy scalars
-        return x.item()
-    raise TypeError(f"not JSON serialisable: {type(x)}")
+from orchestrator import rundir
+from orchestrator.rundir import read_steps  # noqa: F401 (the run's steps, read where the run dir is owned)
 
 
 def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | None = None,
@@ -25,8 +21,8 @@ def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = bool(figures and plan.valid and plan.layout is not None)
-    paths = {"json": out_dir / "plan.json", "md": out_dir / "plan.md"}
-    paths["json"].write_text(json.dumps(plan.to_json(), indent=2, default=json_default) + "\n")
+    paths = {"json": out_dir / rundir.PLAN_JSON, "md": out_dir / rundir.PLAN_MD}
+    paths["json"].write_text(rundir.dumps(plan.to_json(), indent=2) + "\n")  # strict: a non-finite figure is null
     paths["md"].write_text(render_markdown(plan, command, overrides, figures=drawn))
     if drawn:
         from orchestrator.plan.figures import write_figures
@@ -37,40 +33,11 @@ def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | N
 
 # ----------------------------------------------------------------------------- measured
 
-def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
-    """Every step a run finished: metrics.jsonl, or metrics.json when there is no jsonl. Each:
-    step, step_time_s, attempt, loss. With `latest`, a step re-run after a failover counts once,
-    from its latest attempt (the steps that count); without, every attempt's steps (what ran)."""
-    run_dir = Path(run_dir)
-    jsonl, js = run_dir / "metrics.jsonl", run_dir / "metrics.json"
-    by_step: dict[int, dict] = {}
-    every: list[dict] = []
-    if jsonl.exists():
-        for line in jsonl.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:  # a line being written
-                continue
-            if "step_time_s" not in rec:
-                continue
-            every.append(rec)
-            step = int(rec.get("step", len(by_step)))
-            if step not in by_step or rec.get("attempt", 0) >= by_step[step].get("attempt", 0):
-                by_step[step] = rec
-        return [by_step[s] for s in sorted(by_step)] if latest else every
-    if js.exists():
-        m = json.loads(js.read_text())
-        start, attempt, loss = int(m.get("start_step", 0)), int(m.get("attempt", 0)), m.get("loss") or []
-        return [{"step": start + i, "step_time_s": t, "attempt": attempt, "loss": loss[i] if i < len(loss) else None}
-                for i, t in enumerate(m.get("step_time_s") or [])]
-    return []
-
-
-def step_stats(times: list[float], warmup: int = 1) -> dict:
-    """Median and p10/p90 of step times, the first `warmup` steps left out (when more remain)."""
+def step_stats(times: list[float], warmup: int = rundir.WARMUP_STEPS) -> dict:
+    """Median and p10/p90 of one attempt's step times after the warm-up (rundir.measured)."""
     if not times:
         raise ValueError("no measured step times")
-    kept = times[warmup:] if len(times) > warmup else list(times)
+    kept = rundir.measured(times, warmup)
     q = sorted(kept)
 
     def pct(p: float) -> float:
@@ -78,14 +45,13 @@ def step_stats(times: list[float], warmup: int = 1) -> dict:
         lo = int(i)
         return q[lo] + (q[min(lo + 1, len(q) - 1)] - q[lo]) * (i - lo)
 
-    return {"median_s": statistics.median(kept), "p10_s": pct(0.1), "p90_s": pct(0.9), "mean_s": sum(kept) / len(kept),
+    return {"median_s": rundir.measured_step_s(times, warmup), "p10_s": pct(0.1), "p90_s": pct(0.9), "mean_s": sum(kept) / len(kept),
             "steps": len(kept), "warmup_steps": len(times) - len(kept)}
 
 
 def attempt_plan(run_dir: Path, attempt: int) -> dict:
     """The plan an attempt ran: attemptN/plan.json after a failover re-plan, else plan.json."""
-    p = Path(run_dir) / f"attempt{attempt}" / "plan.json"
-    return json.loads((p if attempt and p.exists() else Path(run_dir) / "plan.json").read_text())
+    return json.loads(rundir.attempt_plan_path(run_dir, attempt).read_text())
 
 
 def measured_rows(run_dir: Path) -> list[dict]:
@@ -127,13 +93,13 @@ def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
     from orchestrator.plan.report import MEASURED_END, MEASURED_START, render_measured
 
     run_dir = Path(run_dir)
-    if not (run_dir / "plan.json").exists():
+    if not (run_dir / rundir.PLAN_JSON).exists():
         return None
     rows = measured_rows(run_dir)
     if not rows:
         return None
     last = rows[-1]
-    md = run_dir / "plan.md"
+    md = run_dir / rundir.PLAN_MD
     text = md.read_text() if md.exists() else "# Plan\n"
     if MEASURED_START in text:
         head, _, rest = text.partition(MEASURED_START)
@@ -141,13 +107,13 @@ def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
     md.write_text(text.rstrip("\n") + "\n\n" + render_measured(rows, last["device"]))
     plan = attempt_plan(run_dir, last["attempt"])
     if figures is None:  # redraw the picture the plan left, if it left one
-        figures = (run_dir / "step_budget.png").exists()
+        figures = (run_dir / rundir.STEP_BUDGET_PNG).exists()
     out = dict(last, plan_md=md)
     if figures and plan.get("valid"):
         from orchestrator.plan.figures import write_step_budget
 
         label = "measured" + (f" (attempt {last['attempt']})" if last["attempt"] else "")
-        out["step_budget"] = write_step_budget(plan, run_dir / "step_budget.png", measured=dict(last, label=label))
+        out["step_budget"] = write_step_budget(plan, run_dir / rundir.STEP_BUDGET_PNG, measured=dict(last, label=label))
     from orchestrator.plan.figures import fmt_time
 
     out["line"] = (f"measured {fmt_time(last['median_s'])} per step (median of {last['steps']}) vs predicted "

@@ -1,0 +1,173 @@
+"""The run directory and the launch contract, in one place: every file and folder name, the
+attempt directories, the environment a launcher gives the runtime, the exit statuses both
+sides read, the one rule for "the measured step", and how JSON is written (strict: no NaN or
+Infinity). Launchers, the runtime, the sweep and `orchestrate-runs` all use these names.
+Torch-free and free of the rest of orchestrator, so every layer may import it.
+
+    RUN_DIR/                     attempt 0 is the run directory itself
+      plan.json  plan.md  cluster.png  step_budget.png   what the planner wrote
+      .hydra/  manifest.json     what produced the run (config, overrides, command, code)
+      status.json                where the run stands (orchestrate-runs reads it)
+      metrics.jsonl              every step of every attempt (rank 0); metrics.json: the last attempt
+      failover.json              what every failover did
+      logs/<name>.log  tensorboard/  samples/rank<N>.jsonl  checkpoints/step_NNNNNNNN/
+      slurm_jobs.jsonl           every SLURM job of the run
+      attempt<N>/                a re-planned attempt's plan.json (and its logs/)
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+# ---- file and folder names ----------------------------------------------------------------
+PLAN_JSON, PLAN_MD = "plan.json", "plan.md"
+CLUSTER_PNG, STEP_BUDGET_PNG = "cluster.png", "step_budget.png"
+METRICS_JSONL, METRICS_JSON = "metrics.jsonl", "metrics.json"
+FAILOVER_JSON, STATUS_JSON = "failover.json", "status.json"
+RUN_MANIFEST = "manifest.json"  # the run's: command, code, versions (a checkpoint's file list is another)
+SWEEP_JSON, SLURM_JOBS = "sweep.json", "slurm_jobs.jsonl"
+HYDRA_DIR, LOGS, TENSORBOARD, CHECKPOINTS, SAMPLES = ".hydra", "logs", "tensorboard", "checkpoints", "samples"
+ATTEMPT = "attempt"  # attempt<N>/
+
+# ---- the environment a launcher gives every rank --------------------------------------------
+ENV_RUN_DIR = "ORCH_RUN_DIR"  # the run directory (outputs shared by every attempt); default: the plan's dir
+ENV_ATTEMPT = "ORCH_ATTEMPT"  # the attempt number
+ENV_STORE = "ORCH_STORE"  # host:port of the job's TCP store
+ENV_CONTROL = "ORCH_CONTROL"  # the coordinator's address (copies of the state, in-place failover)
+ENV_JOIN_COPY = "ORCH_JOIN_COPY"  # a warm spare or a returning node joins as this copy
+ENV_JOIN_NOW = "ORCH_JOIN_NOW"  # "1": join at once instead of at the next generation
+ENV_FAULT_MODE, ENV_FAULT_NODE, ENV_FAULT_STEP = "ORCH_FAULT_MODE", "ORCH_FAULT_NODE", "ORCH_FAULT_STEP"
+ENV_FORK_SERVER = "ORCH_FORK_SERVER"  # "0": one interpreter per rank instead of the fork server
+
+# ---- exit statuses (the CLI's, and the ones the runtime and the supervisors agree on) --------
+EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2  # rejected: the config was refused, nothing launched
+EXIT_STOPPED = 3  # the run saved and stopped on request; it continues from its checkpoint
+EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops and says so
+EXIT_LEFT = 5  # a copy the coordinator dismissed (not part of the next generation)
+EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # Ctrl-C; the output pipe was closed
+
+
+# ---- attempts -------------------------------------------------------------------------------
+def attempt_dir(run_dir: Path, attempt: int) -> Path:
+    """Where attempt N's plan lives: the run directory for attempt 0, else attempt<N>/."""
+    return Path(run_dir) if attempt == 0 else Path(run_dir) / f"{ATTEMPT}{attempt}"
+
+
+def make_attempt_dir(run_dir: Path, attempt: int) -> Path:
+    d = attempt_dir(run_dir, attempt)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def attempt_number(plan_dir: Path, run_dir: Path) -> int | None:
+    """The attempt a plan directory of `run_dir` holds: 0 for the run directory itself, N for
+    attempt<N>/, None for any other folder. The one place an attempt number is read back."""
+    plan_dir = Path(plan_dir)
+    if plan_dir.resolve() == Path(run_dir).resolve():
+        return 0
+    m = re.fullmatch(rf"{ATTEMPT}(\d+)", plan_dir.name)
+    return int(m.group(1)) if m and plan_dir.parent.resolve() == Path(run_dir).resolve() else None
+
+
+def attempt_dirs(run_dir: Path) -> list[Path]:
+    """The directory of every attempt's plan, oldest first (the run dir is attempt 0)."""
+    run_dir = Path(run_dir)
+    later = [(attempt_number(p, run_dir), p) for p in run_dir.glob(f"{ATTEMPT}*") if (p / PLAN_JSON).exists()]
+    return [run_dir] + [p for n, p in sorted(x for x in later if x[0])]
+
+
+def attempt_plan_path(run_dir: Path, attempt: int) -> Path:
+    """The plan an attempt ran: attempt<N>/plan.json after a failover re-plan, else the run's."""
+    p = attempt_dir(run_dir, attempt) / PLAN_JSON
+    return p if p.exists() else Path(run_dir) / PLAN_JSON
+
+
+# ---- metrics and the measured step --------------------------------------------------------
+WARMUP_STEPS = 1  # each attempt's first step (compilation, allocator, first collectives) is not measured
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete line of a JSON-lines file (a line being written is skipped)."""
+    out = []
+    if Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
+    """Every step a run finished: metrics.jsonl, or metrics.json when there is no jsonl. Each:
+    step, step_time_s, attempt, loss. With `latest`, a step re-run after a failover counts once,
+    from its latest attempt (the steps that count); without, every attempt's steps (what ran)."""
+    run_dir = Path(run_dir)
+    if (run_dir / METRICS_JSONL).exists():
+        every = [r for r in read_jsonl(run_dir / METRICS_JSONL) if "step_time_s" in r]
+        by_step: dict[int, dict] = {}
+        for rec in every:
+            step = int(rec.get("step", len(by_step)))
+            if step not in by_step or rec.get("attempt", 0) >= by_step[step].get("attempt", 0):
+                by_step[step] = rec
+        return [by_step[s] for s in sorted(by_step)] if latest else every
+    if (run_dir / METRICS_JSON).exists():
+        m = json.loads((run_dir / METRICS_JSON).read_text())
+        start, attempt, loss = int(m.get("start_step", 0)), int(m.get("attempt", 0)), m.get("loss") or []
+        return [{"step": start + i, "step_time_s": t, "attempt": attempt, "loss": loss[i] if i < len(loss) else None}
+                for i, t in enumerate(m.get("step_time_s") or [])]
+    return []
+
+
+def measured(times: list[float], warmup: int = WARMUP_STEPS) -> list[float]:
+    """The step times that count for one attempt: its first `warmup` left out when more remain."""
+    return list(times[warmup:]) if len(times) > warmup else list(times)
+
+
+def measured_step_s(times: list[float], warmup: int = WARMUP_STEPS) -> float:
+    """The measured step of one attempt: the median of its steps after the warm-up."""
+    if not times:
+        raise ValueError("no measured step times")
+    return statistics.median(measured(times, warmup))
+
+
+def last_attempt_times(run_dir: Path) -> list[float]:
+    """The step times of the run's latest measured attempt, in the order they ran."""
+    every = read_steps(run_dir, latest=False)
+    last = max((int(r.get("attempt", 0)) for r in every), default=0)
+    return [float(r["step_time_s"]) for r in every if int(r.get("attempt", 0)) == last]
+
+
+# ---- JSON -----------------------------------------------------------------------------------
+def strict(obj: Any) -> Any:
+    """`obj` with every non-finite float (inf, nan) as None, numpy scalars as Python numbers:
+    what strict JSON can hold. A null figure in plan.json means "unbounded or undefined"
+    (e.g. blast_radius.job_mtbf_hours with hardware.failures_per_gpu_hour=0: no failure expected)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy scalars
+        return strict(obj.item())
+    return obj
+
+
+def dumps(obj: Any, indent: int | None = 1, default=None) -> str:
+    """Strict JSON text (json.dumps with allow_nan=False, after `strict`)."""
+    return json.dumps(strict(obj), indent=indent, allow_nan=False, default=default)
+
+
+def write_json(path: Path, obj: Any, indent: int | None = 1, default=None) -> Path:
+    """Strict JSON, written whole and then renamed: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{time.monotonic_ns()}.tmp")
+    tmp.write_text(dumps(obj, indent, default) + "\n")
+    tmp.replace(path)
+    return path
