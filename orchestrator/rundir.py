@@ -160,8 +160,20 @@ def strict(obj: Any) -> Any:
 
 
 def dumps(obj: Any, indent: int | None = 1, default=None) -> str:
-    """Strict JSON text (json.dumps with allow_nan=False, after `strict`)."""
-    return json.dumps(strict(obj), indent=indent, allow_nan=False, default=default)
+    """Strict JSON text (json.dumps with allow_nan=False; `strict` first where it is needed)."""
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False, default=default or _plain)
+    except ValueError:  # a non-finite float somewhere
+        return json.dumps(strict(obj), indent=indent, allow_nan=False, default=default)
+
+
+def _plain(x: Any) -> Any:
+    if hasattr(x, "item"):  # numpy scalars (a non-finite one is caught as json.dumps raises)
+        v = x.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("non-finite")
+        return v
+    raise TypeError(f"not JSON serialisable: {type(x)}")
 
 
 def write_json(path: Path, obj: Any, indent: int | None = 1, default=None) -> Path:

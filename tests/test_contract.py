@@ -37,3 +37,40 @@ def test_plan_json_is_strict_json(tmp_path, overrides):
         assert math.isinf(plan.blast_radius["job_mtbf_hours"])  # what the planner computes ...
         assert data["blast_radius"]["job_mtbf_hours"] is None  # ... is null in plan.json (unbounded)
         assert data["blast_radius"]["checkpoint_interval_s"] is None
+
+
+SWEEP = ["model=tiny,tiny_moe", "hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=1,2",
+         "training.recompute=none,full", "hardware.gpu_memory_gb=40,80.5", "layout.order=auto,[tp,cp,pp,dp]"]
+ODD_POINTS = [  # each composed whole (or refused) exactly as compose(point) does
+    ["model=tiny", "hardware=cpu", "layout.tpp=2"], ["model=tiny", "layout.tp=abc"], ["model=tiny", "+foo=1"],
+    ["model=tiny", "training.data=null", "layout.dp=auto", "layout.stage_layers=[1,3]", "layout.pp=2"],
+    ["model=tiny", "launcher=slurm", "launcher.partition=gpu", "stack=torchtitan"], ["model=tiny", "launcher.partition=x"],
+    ["model=tiny", "published.mfu=0.4"], ["model=tiny", "training.seq_len=${training.global_batch}"],
+    ["model=tiny", "hardware=nope"], ["model=tiny", "schedule=gpipe", "schedule.microbatches=8", "figures=false"],
+    ["model=tiny", "layout.zero=null", "model.moe.score=softmax", "training.lr=1"],
+]
+
+
+def test_sweep_points_vary_one_composed_config_as_composing_each_point_would():
+    from orchestrator import compose, make_plan
+    from orchestrator.config.compose import to_dict, typed
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.config.points import Points
+    from orchestrator.launch.sweep import expand
+
+    regular = expand(SWEEP)
+    assert len(regular) == 2 ** 5
+    configs = Points()
+    for i, point in enumerate(regular + ODD_POINTS):
+        if i == len(regular):  # the value overrides were applied to one composed config per model
+            assert configs.composed == 2
+        try:
+            want = typed(compose(point))
+        except ConfigError as e:
+            with pytest.raises(ConfigError) as got:
+                configs.typed(point)
+            assert got.value.problems == e.problems, point
+            continue
+        got = configs.typed(point)
+        assert json.dumps(to_dict(got)) == json.dumps(to_dict(want)), point  # types too: 40.0 is not 40
+        assert make_plan(got).to_json() == make_plan(want).to_json(), point

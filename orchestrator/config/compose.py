@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -208,10 +209,15 @@ def _fields_at(dotted: str) -> list[str]:
 
 
 def _resolve(owner: Any, f: dataclasses.Field) -> Any:
+    return type_hints(owner).get(f.name)
+
+
+@functools.lru_cache(maxsize=None)
+def type_hints(cls: type) -> dict[str, Any]:
+    """A schema class's field types (typing.get_type_hints, evaluated once per class)."""
     import typing
 
-    hints = typing.get_type_hints(owner)
-    return hints.get(f.name)
+    return typing.get_type_hints(cls)
 
 
 def _value_fix(key: str | None) -> str:
@@ -262,7 +268,7 @@ def check_types(obj: Any, path: str = "") -> list[Problem]:
     import typing
 
     out: list[Problem] = []
-    hints = typing.get_type_hints(type(obj))
+    hints = type_hints(type(obj))
     for f in dataclasses.fields(obj):
         key, value, hint = f"{path}{f.name}", getattr(obj, f.name), hints[f.name]
         ok, value = _conform(value, hint)

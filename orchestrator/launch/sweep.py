@@ -29,25 +29,47 @@ def expand(args: list[str]) -> list[list[str]]:
 
 
 def run_sweep(args: list[str], config_dir: str | None = None, config_name: str = "config") -> int:
-    from orchestrator.config.compose import compose
-    from orchestrator.config.errors import ConfigError
-    from orchestrator.plan import make_plan
-    from orchestrator.plan.artifacts import write_plan
-
     sweep_dir = next((Path(a.split("=", 1)[1]) for a in args if a.startswith("hydra.sweep.dir=")), None)
     args = [a for a in args if not a.startswith(("hydra.sweep.dir=", "hydra.run.dir="))]
     sweep_dir = sweep_dir or Path("outputs/multirun") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    rows, valid = plan_points(expand(args), sweep_dir, config_dir, config_name)
+    print_table(rows)
+    launcher = valid[0][1].spec.launcher.name.value if valid else "dry"
+    summary = {"sweep_dir": str(sweep_dir), "launcher": launcher, "points": rows}
+    write_summary(sweep_dir, summary)
+    print(f"sweep summary: {sweep_dir / rundir.SWEEP_JSON}")
+    if not valid:
+        print("\nno valid point: nothing was submitted.", file=sys.stderr)
+        return rundir.EXIT_REJECTED
+    if launcher == "slurm":
+        return _submit_slurm(valid, sweep_dir, summary)
+    if launcher == "local":
+        return _run_local(valid, sweep_dir, summary)
+    return rundir.EXIT_OK
+
+
+def plan_points(points: list[list[str]], sweep_dir: Path, config_dir: str | None = None,
+                config_name: str = "config") -> tuple[list[dict], list]:
+    """Plan every point (each into sweep_dir/<i>/plan.json): the rows of sweep.json, and the
+    (row, plan) of the valid ones. Hydra composes once per choice of config groups
+    (config/points.py); a point's bad key or value is its row's error, the rest are planned."""
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.config.points import Points
+    from orchestrator.plan import make_plan
+    from orchestrator.plan.artifacts import write_plan
+
+    configs = Points(config_dir, config_name)
     rows, valid = [], []
-    for i, point in enumerate(expand(args)):
+    for i, point in enumerate(points):
         row = {"point": i, "overrides": point, "dir": str(sweep_dir / str(i))}
+        rows.append(row)
         try:
-            cfg = compose(point, config_dir=config_dir, config_name=config_name)
+            spec = configs.typed(point)
         except ConfigError as e:  # a bad key or value in this point: report it, plan the rest
             row.update(valid=False, errors=[p.to_dict() for p in e.problems])
-            rows.append(row)
             continue
-        plan = make_plan(cfg)
+        plan = make_plan(spec)
         write_plan(plan, sweep_dir / str(i), figures=False)
         row.update(valid=plan.valid, errors=[e.to_dict() for e in plan.errors])
         if plan.layout:
@@ -55,20 +77,7 @@ def run_sweep(args: list[str], config_dir: str | None = None, config_name: str =
         if plan.valid:
             row.update(predicted_step_s=plan.step.wall_s, predicted_mfu=plan.mfu)
             valid.append((row, plan))
-        rows.append(row)
-    print_table(rows)
-    launcher = valid[0][1].spec.launcher.name.value if valid else "dry"
-    summary = {"sweep_dir": str(sweep_dir), "launcher": launcher, "points": rows}
-    write_summary(sweep_dir, summary)
-    print(f"sweep summary: {sweep_dir / 'sweep.json'}")
-    if not valid:
-        print("\nno valid point: nothing was submitted.", file=sys.stderr)
-        return 2
-    if launcher == "slurm":
-        return _submit_slurm(valid, sweep_dir, summary)
-    if launcher == "local":
-        return _run_local(valid, sweep_dir, summary)
-    return 0
+    return rows, valid
 
 
 def _run_local(valid, sweep_dir: Path, summary: dict) -> int:
@@ -152,8 +161,10 @@ def write_summary(sweep_dir: Path, summary: dict) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    varying = {o.split("=", 1)[0] for r in rows for o in r["overrides"]
-               if sum(o in x["overrides"] for x in rows) < len(rows)}
+    from collections import Counter
+
+    seen = Counter(o for r in rows for o in dict.fromkeys(r["overrides"]))
+    varying = {o.split("=", 1)[0] for o, n in seen.items() if n < len(rows)}
     print(f"\n{'#':>3} {'ok':<4} {'layout':<20} {'pred step':>10} {'pred MFU':>9} {'meas step':>10} {'meas MFU':>9}  "
           f"overrides / reason")
     for r in rows:

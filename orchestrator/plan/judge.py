@@ -71,12 +71,15 @@ def judge_memory(plan) -> None:
 
 
 def with_value(spec: Config, dotted: str, value) -> Config | None:
-    """A copy of spec with one key changed (None when it already has that value)."""
-    alt = copy.deepcopy(spec)
+    """A copy of spec with one key changed (None when it already has that value): the
+    sections on the key's path are copied, the rest is shared (read, never written)."""
+    alt = copy.copy(spec)
     obj = alt
     *path, last = dotted.split(".")
     for p in path:
-        obj = getattr(obj, p)
+        child = copy.copy(getattr(obj, p))
+        setattr(obj, p, child)
+        obj = child
     old = getattr(obj, last)
     if old == value:
         return None
