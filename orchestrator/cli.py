@@ -21,9 +21,9 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.config.errors import EXIT_REJECTED, ConfigError, Problem, print_rejection
+from orchestrator.config.errors import ConfigError, Problem, print_rejection
+from orchestrator.rundir import EXIT_INTERRUPTED, EXIT_PIPE, PLAN_JSON
 
-EXIT_INTERRUPTED, EXIT_PIPE = 130, 141
 GROUPS = ("hardware", "model", "layout", "schedule", "fabric", "stack", "launcher", "recipe")
 INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 CFG = ("job", "hydra", "all")
@@ -326,7 +326,7 @@ def _runs(args) -> int:
             print(f"{r['state']:<11} {r['launcher']:<8} {r['layout']:<22} {r['steps']:>9} {fmt(r['loss'], '8.4f'):>8} "
                   f"{fmt(r['predicted_step_s'], '8.3f'):>8} {fmt(r['measured_step_s'], '8.3f'):>8}  {r['run']}")
         return 0
-    if not (args.run / "plan.json").exists():
+    if not (args.run / PLAN_JSON).exists():
         return print_rejection([Problem("run", f"{args.run} is not a run directory (no plan.json).",
                                         "orchestrate-runs list shows the runs.")], "done")
     if args.command == "status":

@@ -24,7 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.plan.artifacts import attempt_plan, read_steps, step_stats
+from orchestrator import rundir
+from orchestrator.plan.artifacts import attempt_plan, step_stats
+from orchestrator.rundir import read_steps
 from orchestrator.plan.calibrate import fit_measured
 from orchestrator.plan.metrics import measured_mfu
 
@@ -41,13 +43,13 @@ class Measured:
     useful_fraction: float  # predicted MFU at kernel efficiency 1
 
 
-def measured_step_time(run: Path, skip_first: int = 1) -> float:
-    """Median measured step time (the first steps include warm-up)."""
+def measured_step_time(run: Path, skip_first: int = rundir.WARMUP_STEPS) -> float:
+    """Median measured step time after the warm-up (rundir.measured_step_s's rule)."""
     steps = [float(r["step_time_s"]) for r in read_steps(run)]
-    if not steps and (run / "tensorboard").exists():
+    if not steps and (run / rundir.TENSORBOARD).exists():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        acc = EventAccumulator(str(run / "tensorboard")).Reload()
+        acc = EventAccumulator(str(run / rundir.TENSORBOARD)).Reload()
         steps = [e.value for e in acc.Scalars("time/step_s")]
     if not steps:
         raise ValueError(f"{run}: no measured step times (metrics.jsonl, metrics.json or tensorboard/)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, dataclass
 
+from orchestrator.rundir import EXIT_REJECTED  # noqa: F401 (the exit statuses live with the launch contract)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -37,7 +39,6 @@ class ConfigError(PlanError):
         self.partial = partial
 
 
-EXIT_REJECTED = 2  # the configuration was refused; nothing was launched or submitted
 
 
 def print_rejection(problems: list[Problem], nothing: str = "launched", stream=None) -> int:

@@ -11,6 +11,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from orchestrator import rundir
+
 PACKAGES = ("torch", "hydra-core", "omegaconf", "submitit", "fsspec", "tensorboard", "numpy",
             "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12")
 
@@ -21,7 +23,7 @@ def write_config(run_dir: Path, cfg, overrides: list[str], argv: list[str]) -> N
     --config-dir is one of them), and manifest.json."""
     from omegaconf import OmegaConf, open_dict
 
-    hydra_dir = Path(run_dir) / ".hydra"
+    hydra_dir = Path(run_dir) / rundir.HYDRA_DIR
     hydra_dir.mkdir(parents=True, exist_ok=True)
     job = cfg.copy()
     with open_dict(job):
@@ -32,7 +34,7 @@ def write_config(run_dir: Path, cfg, overrides: list[str], argv: list[str]) -> N
         sources = {"job": {"config_name": cfg.hydra.job.config_name},
                    "runtime": {"config_sources": OmegaConf.to_container(cfg.hydra.runtime.config_sources)}}
         (hydra_dir / "hydra.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"hydra": sources})))
-    (Path(run_dir) / "manifest.json").write_text(json.dumps(manifest(argv), indent=1) + "\n")
+    rundir.write_json(Path(run_dir) / rundir.RUN_MANIFEST, manifest(argv))
 
 
 def manifest(argv: list[str]) -> dict:
@@ -71,7 +73,7 @@ def _own_version() -> str:
 
 def record_attempt(run_dir: Path, attempt: int, plan_dir: Path, hosts: list) -> None:
     """Append where an attempt ran to manifest.json: its SLURM job (when under SLURM), hosts, plan."""
-    path = Path(run_dir) / "manifest.json"
+    path = Path(run_dir) / rundir.RUN_MANIFEST
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -80,6 +82,4 @@ def record_attempt(run_dir: Path, attempt: int, plan_dir: Path, hosts: list) -> 
         "attempt": attempt, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"), "hosts": [str(h) for h in hosts],
         "supervisor_host": socket.gethostname(), "plan_dir": str(plan_dir), "time": time.time()})
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    rundir.write_json(path, data)

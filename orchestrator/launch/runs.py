@@ -6,27 +6,20 @@ changes a run: Ctrl-C detaches.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.launch.status import read_status, write_status
 from orchestrator.plan import checkpoints as ckpt
 
 
-def attempt_dirs(run_dir: Path) -> list[Path]:
-    """The directory of every attempt's plan, oldest first (the run dir is attempt 0)."""
-    run_dir = Path(run_dir)
-    later = sorted((p for p in run_dir.glob("attempt*") if re.fullmatch(r"attempt\d+", p.name)),
-                   key=lambda p: int(p.name[len("attempt"):]))
-    return [run_dir] + [p for p in later if (p / "plan.json").exists()]
-
-
 def plan_json(run_dir: Path, latest: bool = True) -> dict:
-    dirs = attempt_dirs(run_dir)
-    return json.loads(((dirs[-1] if latest else dirs[0]) / "plan.json").read_text())
+    """The run's plan.json: its latest attempt's (after failovers) or its first."""
+    dirs = rundir.attempt_dirs(run_dir)
+    return json.loads(((dirs[-1] if latest else dirs[0]) / rundir.PLAN_JSON).read_text())
 
 
 def load_plan(run_dir: Path, latest: bool = True):
@@ -63,26 +56,25 @@ def final_line(run_dir: Path) -> str:
 def find_runs(root: Path) -> list[Path]:
     """Run directories under root (each holds a plan.json and a status.json), newest first."""
     root = Path(root)
-    found = {p.parent for p in root.rglob("status.json") if (p.parent / "plan.json").exists()}
-    return sorted(found, key=lambda p: (p / "status.json").stat().st_mtime, reverse=True)
+    found = {p.parent for p in root.rglob(rundir.STATUS_JSON) if (p.parent / rundir.PLAN_JSON).exists()}
+    return sorted(found, key=lambda p: (p / rundir.STATUS_JSON).stat().st_mtime, reverse=True)
 
 
 def summary(run_dir: Path) -> dict:
-    """One row of `orchestrate-runs list`: state, layout, progress, loss, predicted vs measured step."""
-    import statistics
-
+    """One row of `orchestrate-runs list`: state, layout, progress, loss, predicted vs measured step
+    (the latest attempt's, rundir.measured_step_s)."""
     from orchestrator.launch.status import read_metrics
 
     run_dir = Path(run_dir)
     pj = plan_json(run_dir)
     metrics = read_metrics(run_dir)
-    steps = [m["step_time_s"] for m in metrics[1:]] or [m["step_time_s"] for m in metrics]
+    steps = rundir.last_attempt_times(run_dir)
     return {"run": str(run_dir), "state": state(run_dir), "launcher": pj["config"]["launcher"]["name"],
             "layout": pj.get("layout", {}).get("label", "-"),
             "steps": f"{max((m['step'] + 1 for m in metrics), default=0)}/{pj['config']['training']['steps']}",
             "loss": metrics[-1]["loss"] if metrics else None,
             "predicted_step_s": pj.get("step", {}).get("wall_s"),
-            "measured_step_s": statistics.median(steps) if steps else None}
+            "measured_step_s": rundir.measured_step_s(steps) if steps else None}
 
 
 def code_drift(run_dir: Path) -> list[str]:
@@ -90,7 +82,7 @@ def code_drift(run_dir: Path) -> list[str]:
     from orchestrator.launch.manifest import manifest
 
     try:
-        then = json.loads((Path(run_dir) / "manifest.json").read_text())
+        then = json.loads((Path(run_dir) / rundir.RUN_MANIFEST).read_text())
     except (OSError, ValueError):
         return ["the run has no manifest.json: what produced it is unknown"]
     now = manifest([])
@@ -161,7 +153,7 @@ def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
     """The run's own overrides, then the new ones, into the same run directory."""
     from omegaconf import OmegaConf
 
-    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    path = Path(run_dir) / rundir.HYDRA_DIR / "overrides.yaml"
     old = list(OmegaConf.load(path)) if path.exists() else []
     keys = {o.split("=", 1)[0] for o in extra}
     kept = [o for o in old if o.split("=", 1)[0] not in keys and not o.startswith("hydra.run.dir=")]
@@ -172,7 +164,7 @@ def resume_sources(run_dir: Path) -> dict:
     """The primary config and the --config-dir the run was composed with (.hydra/hydra.yaml)."""
     from omegaconf import OmegaConf
 
-    path = Path(run_dir) / ".hydra" / "hydra.yaml"
+    path = Path(run_dir) / rundir.HYDRA_DIR / "hydra.yaml"
     if not path.exists():
         return {}
     h = OmegaConf.load(path).hydra
@@ -187,7 +179,7 @@ SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "
 
 
 def last_job(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / "slurm_jobs.jsonl"
+    path = Path(run_dir) / rundir.SLURM_JOBS
     if not path.exists():
         return None
     lines = [line for line in path.read_text().splitlines() if line.strip()]
@@ -244,7 +236,7 @@ def _files(run_dir: Path) -> list[tuple[Path, str]]:
     if job:
         out.append((Path(job["folder"]) / f"{job['job_id']}_0_log.out", "[supervisor] "))
     plan_dir = Path(status.get("plan_dir", run_dir))
-    out.append((plan_dir / "logs" / "rank0.log", "[rank0] "))
+    out.append((plan_dir / rundir.LOGS / "rank0.log", "[rank0] "))
     return out
 
 

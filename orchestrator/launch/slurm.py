@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.config.errors import Problem
 from orchestrator.launch import sbatch
 from orchestrator.launch.base import Launcher
@@ -98,7 +99,7 @@ def code_from(code_dir: Path | None):
 
 
 def record_job(run_dir: Path, job_id: str, folder: Path, **extra) -> None:
-    with open(Path(run_dir) / "slurm_jobs.jsonl", "a") as f:
+    with open(Path(run_dir) / rundir.SLURM_JOBS, "a") as f:
         f.write(json.dumps({"job_id": job_id, "folder": str(folder), "time": time.time(), **extra}) + "\n")
 
 

@@ -5,10 +5,12 @@ import json
 import time
 from pathlib import Path
 
+from orchestrator import rundir
+
 
 def read_status(run_dir: Path) -> dict:
     try:
-        return json.loads((Path(run_dir) / "status.json").read_text())
+        return json.loads((Path(run_dir) / rundir.STATUS_JSON).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -18,9 +20,7 @@ def write_status(run_dir: Path, **fields) -> dict:
     run_dir = Path(run_dir)
     status = read_status(run_dir) | fields | {"updated": time.time()}
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f"status.json.{time.monotonic_ns()}.tmp"
-    tmp.write_text(json.dumps(status, indent=1, default=str) + "\n")
-    tmp.replace(run_dir / "status.json")
+    rundir.write_json(run_dir / rundir.STATUS_JSON, status, default=str)
     return status
 
 
@@ -34,12 +34,5 @@ def steps_completed(run_dir: Path, attempts) -> int:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line being written
-                continue
-    return out
+    """Every record of metrics.jsonl, as written (every attempt's; a line being written is skipped)."""
+    return rundir.read_jsonl(Path(run_dir) / rundir.METRICS_JSONL)

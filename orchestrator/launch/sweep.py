@@ -12,7 +12,6 @@ finished (`launcher.wait=true`), the measured ones.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -89,7 +88,7 @@ def _run_local(valid, sweep_dir: Path, summary: dict) -> int:
         measure(row)
     write_summary(sweep_dir, summary)
     print_table(summary["points"])
-    print(f"sweep summary: {sweep_dir / 'sweep.json'}")
+    print(f"sweep summary: {sweep_dir / rundir.SWEEP_JSON}")
     return code
 
 
@@ -128,7 +127,7 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
         print(f"submitted job array {submitted[0].job_id.split('_')[0]} with {len(items)} point(s)", flush=True)
     write_summary(sweep_dir, summary)
     if not valid[0][1].spec.launcher.wait:
-        print(f"sweep summary: {sweep_dir / 'sweep.json'}")
+        print(f"sweep summary: {sweep_dir / rundir.SWEEP_JSON}")
         return 0
     from orchestrator.launch.runs import wait_for
 
@@ -139,7 +138,7 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
         measure(row)
     write_summary(sweep_dir, summary)
     print_table(summary["points"])
-    print(f"sweep summary: {sweep_dir / 'sweep.json'}")
+    print(f"sweep summary: {sweep_dir / rundir.SWEEP_JSON}")
     return code
 
 
@@ -147,13 +146,13 @@ def measure(row: dict) -> None:
     """A finished point's measured step time and MFU, next to its prediction."""
     from orchestrator.plan.metrics import measured_mfu
 
-    m = Path(row["dir"]) / "metrics.json"
-    if not m.exists():
+    times = rundir.last_attempt_times(Path(row["dir"]))
+    if not times:
         return
-    metrics = json.loads(m.read_text())
-    plan = json.loads((Path(row["dir"]) / "plan.json").read_text())
-    step = statistics.median(metrics["step_time_s"][1:] or metrics["step_time_s"])
-    row.update(measured_step_s=step, measured_mfu=measured_mfu(plan, step), final_loss=metrics["loss"][-1])
+    plan = json.loads((Path(row["dir"]) / rundir.PLAN_JSON).read_text())
+    step = rundir.measured_step_s(times)
+    loss = [r.get("loss") for r in rundir.read_steps(Path(row["dir"])) if r.get("loss") is not None]
+    row.update(measured_step_s=step, measured_mfu=measured_mfu(plan, step), final_loss=loss[-1] if loss else None)
 
 
 def write_summary(sweep_dir: Path, summary: dict) -> None:

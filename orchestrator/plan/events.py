@@ -8,9 +8,11 @@ import json
 import time
 from pathlib import Path
 
+from orchestrator import rundir
+
 
 def read_events(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "failover.json"
+    path = Path(run_dir) / rundir.FAILOVER_JSON
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -25,10 +27,8 @@ def record(run_dir: Path, event: dict) -> dict:
     with open(run_dir / ".failover.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         events = read_events(run_dir) + [event]
-        tmp = run_dir / "failover.json.tmp"
-        tmp.write_text(json.dumps(events, indent=1, default=str) + "\n")
-        tmp.replace(run_dir / "failover.json")
-    _tensorboard(run_dir / "tensorboard", event, len(events))
+        rundir.write_json(run_dir / rundir.FAILOVER_JSON, events, default=str)
+    _tensorboard(run_dir / rundir.TENSORBOARD, event, len(events))
     return event
 
 
@@ -41,9 +41,7 @@ def amend(run_dir: Path, when: float, fields: dict) -> None:
         for e in events:
             if e.get("time") == when:
                 e.update(fields)
-        tmp = run_dir / "failover.json.tmp"
-        tmp.write_text(json.dumps(events, indent=1, default=str) + "\n")
-        tmp.replace(run_dir / "failover.json")
+        rundir.write_json(run_dir / rundir.FAILOVER_JSON, events, default=str)
 
 
 def _tensorboard(logdir: Path, event: dict, n: int) -> None:

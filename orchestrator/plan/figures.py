@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestrator import rundir
 from orchestrator.plan.report import STEP_PARTS
 
 # ----------------------------------------------------------------------------- scene
@@ -770,9 +771,9 @@ def write_figures(plan, out_dir: Path) -> dict[str, Path]:
     """cluster.png and step_budget.png for a valid plan (Pillow only, no matplotlib import)."""
     out_dir = Path(out_dir)
     scene, _ = cluster_scene(plan)
-    out = {"cluster": render_png(scene, out_dir / "cluster.png")}
+    out = {"cluster": render_png(scene, out_dir / rundir.CLUSTER_PNG)}
     scene, _ = step_budget_scene([plan])
-    out["step_budget"] = render_png(scene, out_dir / "step_budget.png")
+    out["step_budget"] = render_png(scene, out_dir / rundir.STEP_BUDGET_PNG)
     return out
 
 

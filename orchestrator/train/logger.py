@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator import rundir
+
 
 class Logger:
     def __init__(self, run_dir: Path, plan: dict):
@@ -13,8 +15,8 @@ class Logger:
     def _open(self):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
-        md = self.run_dir / "plan.md"
+        self.writer = SummaryWriter(str(self.run_dir / rundir.TENSORBOARD))
+        md = self.run_dir / rundir.PLAN_MD
         if md.exists():
             self.writer.add_text("plan", md.read_text().replace("\n", "  \n"), 0)
 
