@@ -74,3 +74,27 @@ def test_sweep_points_vary_one_composed_config_as_composing_each_point_would():
         got = configs.typed(point)
         assert json.dumps(to_dict(got)) == json.dumps(to_dict(want)), point  # types too: 40.0 is not 40
         assert make_plan(got).to_json() == make_plan(want).to_json(), point
+
+
+def test_config_defaults_are_the_yaml_presets():
+    """Config() is what `orchestrate` composes with no override, group by group and key by key,
+    so a config built in Python plans the stack the command line plans."""
+    import dataclasses
+
+    from orchestrator import compose, make_plan
+    from orchestrator.config.compose import to_dict, typed
+    from orchestrator.config.schema import Config
+
+    built, composed = to_dict(Config()), to_dict(typed(compose([])))
+    assert [f.name for f in dataclasses.fields(Config)] == list(built)
+    for group in built:
+        assert json.dumps(built[group]) == json.dumps(composed[group]), group
+    spec = Config()
+    spec.cluster.nodes, spec.layout.pp = 4, 2  # ZeRO-3 under pipelining: this stack keeps the weights gathered
+    want = make_plan(compose(["cluster.nodes=4", "layout.pp=2"]))
+    got = make_plan(spec)
+    assert got.layout.zero == want.layout.zero == 2
+    assert got.to_json() == want.to_json()
+    # a plain mapping's own groups merge onto the bare schema (as a preset file does); the rest are the presets
+    d = make_plan({"cluster": {"nodes": 4}, "layout": {"pp": 2}})
+    assert d.to_json() == want.to_json()

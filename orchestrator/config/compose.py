@@ -14,7 +14,7 @@ import enum
 import functools
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.config.errors import ConfigError, Problem
@@ -35,13 +35,26 @@ def register() -> None:
     from orchestrator.config.recipes import register_recipes
 
     cs = ConfigStore.instance()
-    cs.store(name="orchestrator_schema", node=Config)
+    cs.store(name="orchestrator_schema", node=hydra_schema())
     for name, schema in LAUNCHER_SCHEMAS.items():
         cs.store(group="launcher", name=name.value, node=schema)
     for name in SCHEDULES:
         cs.store(group="schedule", name=name, node={"name": name})
     register_recipes(cs, RECIPES_DIR)
     _registered = True
+
+
+def hydra_schema(present=None) -> DictConfig:
+    """The typed root config Hydra composes onto: Config, with each config group's node its bare
+    class (the chosen option's preset is merged onto it, as Hydra merges a group's file) rather
+    than the default preset Config() takes. `present`: only these groups (a plain mapping's)."""
+    from orchestrator.config.schema import GROUPS
+
+    node = OmegaConf.structured(Config)
+    for group, cls in GROUPS.items():
+        if present is None or group in present:
+            node[group] = MISSING if cls is Any else OmegaConf.structured(cls)
+    return node
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config", hydra: bool = False,
@@ -247,7 +260,8 @@ def typed(cfg: Any) -> Config:
         return cfg
     try:
         if not (isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is Config):
-            cfg = OmegaConf.merge(OmegaConf.structured(Config), _with_launcher_schema(cfg))
+            present = ["launcher", *cfg.keys()] if isinstance(cfg, (dict, DictConfig)) else ["launcher"]
+            cfg = OmegaConf.merge(hydra_schema(present), _with_launcher_schema(cfg))  # the launcher: typed by name
         problems = unknown_keys(cfg)
         if problems:
             raise ConfigError(problems)

@@ -7,6 +7,7 @@ stable once landed. Pure Python: no torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
@@ -366,17 +367,58 @@ class SearchConfig:
     top: int = 5
 
 
+def preset(group: str) -> Any:
+    """The default option of a config group (conf/config.yaml's defaults list), read from its
+    YAML preset: `Config()`'s defaults are the presets the command line composes, so
+    make_plan(Config(...)) plans what `orchestrate` plans; the dataclasses' own field defaults
+    only fill the keys a preset leaves out, as in Hydra."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(_preset_node(group))
+
+
+@lru_cache(maxsize=None)
+def _preset_node(group: str):
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.paths import CONF_DIR
+
+    option = default_options()[group]
+    if group == "launcher":
+        return OmegaConf.structured(LAUNCHER_SCHEMAS[LauncherName(option)])
+    node = OmegaConf.structured(GROUPS[group])
+    path = CONF_DIR / group / f"{option}.yaml"
+    if group == "schedule":  # registered options (config/compose.register), no YAML
+        return OmegaConf.merge(node, {"name": option})
+    return OmegaConf.merge(node, OmegaConf.load(path))
+
+
+@lru_cache(maxsize=None)
+def default_options() -> dict[str, str]:
+    """group -> its default option, from conf/config.yaml's defaults list (the one place they are chosen)."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.paths import CONF_DIR
+
+    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").defaults)
+    return {k: v for e in entries if isinstance(e, dict) for k, v in e.items() if k in GROUPS and v is not None}
+
+
+def _default(group: str):
+    return field(default_factory=lambda: preset(group))
+
+
 @dataclass
 class Config:
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    hardware: HardwareConfig = _default("hardware")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = _default("model")
     training: TrainingConfig = field(default_factory=TrainingConfig)
-    layout: LayoutConfig = field(default_factory=LayoutConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    launcher: Any = MISSING  # one of LAUNCHER_SCHEMAS, chosen by the `launcher` group
-    stack: StackConfig = field(default_factory=lambda: StackConfig(name="orchestrator", runtime=True))
-    fabric: FabricConfig = field(default_factory=lambda: FabricConfig(name="fat_tree"))
+    layout: LayoutConfig = _default("layout")
+    schedule: ScheduleConfig = _default("schedule")
+    launcher: Any = _default("launcher")  # one of LAUNCHER_SCHEMAS, chosen by the `launcher` group
+    stack: StackConfig = _default("stack")
+    fabric: FabricConfig = _default("fabric")
     cost: CostConfig = field(default_factory=CostConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
@@ -384,3 +426,9 @@ class Config:
     published: Optional[PublishedConfig] = None
     recipe_name: Optional[str] = None
     figures: bool = True
+
+
+# The config groups: the option chosen on the command line is merged onto the bare class (Hydra's
+# schema for the group, config/compose.hydra_schema); Config() takes each group's default preset.
+GROUPS: Dict[str, type] = {"hardware": HardwareConfig, "model": ModelConfig, "layout": LayoutConfig,
+                           "schedule": ScheduleConfig, "launcher": Any, "stack": StackConfig, "fabric": FabricConfig}

@@ -103,6 +103,21 @@ def record_job(run_dir: Path, job_id: str, folder: Path, **extra) -> None:
         f.write(json.dumps({"job_id": job_id, "folder": str(folder), "time": time.time(), **extra}) + "\n")
 
 
+def submit_jobs(ex, runs: list, folder: Path, code_dir: Path | None) -> list[str]:
+    """Submit one supervisor job per (spec, run directory) with executor `ex` (made for their
+    shared resources), several as one job array; each run records its job and is queued."""
+    from contextlib import nullcontext
+
+    from orchestrator.launch.srun import Supervisor
+
+    with code_from(code_dir), (ex.batch() if len(runs) > 1 else nullcontext()):
+        jobs = [ex.submit(Supervisor(str(run_dir))) for _, run_dir in runs]
+    for (spec, run_dir), job in zip(runs, jobs):
+        record_job(run_dir, job.job_id, folder, nodes=spec.cluster.nodes)
+        write_status(run_dir, state="queued", launcher="slurm", job_id=job.job_id)
+    return [job.job_id for job in jobs]
+
+
 def local_only_problems(spec) -> list[Problem]:
     """Settings only the local launcher acts on, refused rather than ignored on SLURM."""
     out = []
@@ -122,8 +137,6 @@ class SlurmLauncher(Launcher):
         return sbatch.problems(self.spec.launcher, self.run_dir) + local_only_problems(self.spec) + super().preflight()
 
     def submit(self) -> int:
-        from orchestrator.launch.srun import Supervisor
-
         lc = self.spec.launcher
         folder = self.run_dir / "slurm"
         ex = make_executor(self.spec, folder)
@@ -134,11 +147,8 @@ class SlurmLauncher(Launcher):
             code_dir, size, seconds = snapshot(self.run_dir)
             print(f"code snapshot: {size / 1e6:.2f} MB in {seconds:.2f} s -> {code_dir}")
         write_status(self.run_dir, state="queued", launcher="slurm", snapshot=str(code_dir) if code_dir else None)
-        with code_from(code_dir):
-            job = ex.submit(Supervisor(str(self.run_dir)))
-        record_job(self.run_dir, job.job_id, folder, nodes=self.spec.cluster.nodes)
-        write_status(self.run_dir, job_id=job.job_id)
-        print(f"submitted SLURM job {job.job_id} ({self.spec.cluster.nodes} nodes x {self.spec.hardware.gpus_per_node} "
+        (job_id,) = submit_jobs(ex, [(self.spec, self.run_dir)], folder, code_dir)
+        print(f"submitted SLURM job {job_id} ({self.spec.cluster.nodes} nodes x {self.spec.hardware.gpus_per_node} "
               f"tasks); the job supervises itself: node losses, preemption and time limits are handled in it.\n"
               f"run directory {self.run_dir}; follow with: orchestrate-runs logs -f {self.run_dir}", flush=True)
         if not lc.wait:

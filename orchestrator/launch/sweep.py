@@ -96,9 +96,7 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
     """Sweep points that share their resources go in one job array, one supervisor per point."""
     from orchestrator.config.errors import print_rejection
     from orchestrator.launch.base import launcher_for
-    from orchestrator.launch.slurm import code_from, make_executor, record_job, snapshot
-    from orchestrator.launch.srun import Supervisor
-    from orchestrator.launch.status import write_status
+    from orchestrator.launch.slurm import make_executor, snapshot, submit_jobs
 
     problems = [p for row, plan in valid for p in launcher_for(plan, Path(row["dir"])).preflight()]
     if problems:
@@ -116,15 +114,12 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
     jobs = []
     for g, items in enumerate(groups.values()):
         folder = sweep_dir / "slurm" / f"group{g}"
-        ex = make_executor(items[0][1].spec, folder)
-        with code_from(code_dir), ex.batch():  # one job array for the points that share resources
-            submitted = [ex.submit(Supervisor(row["dir"])) for row, _ in items]
-        for (row, _), job in zip(items, submitted):
-            row["job_id"] = job.job_id
-            record_job(Path(row["dir"]), job.job_id, folder)
-            write_status(Path(row["dir"]), state="queued", launcher="slurm", job_id=job.job_id)
+        ids = submit_jobs(make_executor(items[0][1].spec, folder), [(plan.spec, Path(row["dir"])) for row, plan in items],
+                          folder, code_dir)  # one job array for the points that share resources
+        for (row, _), job_id in zip(items, ids):
+            row["job_id"] = job_id
             jobs.append(row)
-        print(f"submitted job array {submitted[0].job_id.split('_')[0]} with {len(items)} point(s)", flush=True)
+        print(f"submitted job array {ids[0].split('_')[0]} with {len(items)} point(s)", flush=True)
     write_summary(sweep_dir, summary)
     if not valid[0][1].spec.launcher.wait:
         print(f"sweep summary: {sweep_dir / rundir.SWEEP_JSON}")
