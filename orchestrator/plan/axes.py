@@ -30,7 +30,6 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("edp", "expert", ("edp",), "all-gather + reduce-scatter", True),
 )}
 
-ORDER_TOKENS = ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core's default order, innermost first
 CANONICAL_ORDER = ("tp", "cp", "ep", "pp", "dp")  # Meta's (Llama 3): tensor, context, pipeline, data
 
 # The runtime's DeviceMesh dimensions, outermost first (torch's convention). The dense mesh
