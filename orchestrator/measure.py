@@ -44,8 +44,8 @@ class Measured:
 
 
 def measured_step_time(run: Path, skip_first: int = rundir.WARMUP_STEPS) -> float:
-    """Median measured step time after the warm-up (rundir.measured_step_s's rule)."""
-    steps = [float(r["step_time_s"]) for r in read_steps(run)]
+    """The run's measured step: its latest attempt's median after the warm-up (rundir.measured_step_s)."""
+    steps = rundir.last_attempt_times(run)
     if not steps and (run / rundir.TENSORBOARD).exists():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -53,7 +53,7 @@ def measured_step_time(run: Path, skip_first: int = rundir.WARMUP_STEPS) -> floa
         steps = [e.value for e in acc.Scalars("time/step_s")]
     if not steps:
         raise ValueError(f"{run}: no measured step times (metrics.jsonl, metrics.json or tensorboard/)")
-    return step_stats(steps, skip_first)["median_s"]
+    return rundir.measured_step_s(steps, skip_first)
 
 
 def read_run(run: Path) -> list[Measured]:

@@ -98,3 +98,49 @@ def test_config_defaults_are_the_yaml_presets():
     # a plain mapping's own groups merge onto the bare schema (as a preset file does); the rest are the presets
     d = make_plan({"cluster": {"nodes": 4}, "layout": {"pp": 2}})
     assert d.to_json() == want.to_json()
+
+
+def test_attempt_directories_are_made_and_read_in_one_place(tmp_path):
+    from orchestrator import rundir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.PLAN_JSON).write_text("{}")
+    for n in (10, 2):
+        (rundir.make_attempt_dir(run, n) / rundir.PLAN_JSON).write_text("{}")
+    rundir.make_attempt_dir(run, 3)  # no plan: not an attempt that ran
+    (run / "attempt_x").mkdir()
+    assert rundir.attempt_dirs(run) == [run, run / "attempt2", run / "attempt10"]
+    assert [rundir.attempt_number(d, run) for d in rundir.attempt_dirs(run)] == [0, 2, 10]
+    assert rundir.attempt_number(run / "attempt_x", run) is None
+    assert rundir.attempt_number(tmp_path / "attempt4", run) is None  # another run's folder
+    assert rundir.attempt_plan_path(run, 3) == run / rundir.PLAN_JSON  # attempt 3 ran attempt 0's plan
+
+
+def test_the_measured_step_has_one_rule_everywhere(tmp_path):
+    """runs.summary, the sweep's measure, the measured-vs-predicted rows and measure.py read the
+    same number: the latest attempt's steps, its first (warm-up) step left out, median."""
+    from orchestrator import rundir
+    from orchestrator.launch import runs, sweep
+    from orchestrator.launch.status import write_status
+    from orchestrator.measure import measured_step_time
+    from orchestrator.plan.artifacts import measured_rows, write_plan
+
+    run = tmp_path / "run"
+    plan = plan_of("hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2")
+    write_plan(plan, run, figures=False)
+    write_status(run, state="completed")
+    times = {0: [9.0, 1.0, 1.2, 1.1, 1.3], 1: [7.0, 2.0, 2.4, 2.2]}  # attempt 1 re-ran steps 2.. after a failover
+    with open(run / rundir.METRICS_JSONL, "w") as f:
+        for attempt, ts in times.items():
+            for i, t in enumerate(ts):
+                f.write(json.dumps({"step": i + 2 * attempt, "loss": 1.0, "step_time_s": t, "attempt": attempt}) + "\n")
+    want = 2.2  # median of attempt 1 after its warm-up step: [2.0, 2.4, 2.2]
+    assert rundir.measured_step_s(rundir.last_attempt_times(run)) == want
+    assert runs.summary(run)["measured_step_s"] == want
+    row = {"dir": str(run)}
+    sweep.measure(row)
+    assert row["measured_step_s"] == want
+    assert measured_rows(run)[-1]["median_s"] == want and measured_rows(run)[0]["median_s"] == 1.15
+    assert measured_step_time(run) == want
+    assert rundir.measured([3.0]) == [3.0] and rundir.measured([3.0, 1.0]) == [1.0]
