@@ -91,7 +91,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "config", hyd
     return cfg
 
 
-_app: dict = {}  # the Hydra this process made, and the --config-dir it was made with
+_app: dict = {}  # the Hydra this process made for the config tree, and the --config-dir it was made with
 
 
 def hydra_app(config_dir: str | None = None):
@@ -108,17 +108,21 @@ def hydra_app(config_dir: str | None = None):
 
     register()
     extra = os.path.abspath(config_dir) if config_dir else None
-    gh = GlobalHydra.instance()
-    if gh.is_initialized() and _app.get("hydra") is gh.hydra and _app.get("dir") == extra:
-        return gh.hydra
+    if "hydra" in _app and _app["dir"] == extra:
+        return _app["hydra"]
     if extra and not os.path.isdir(extra):
         raise ConfigError([Problem("--config-dir", f"{config_dir!r} is not a directory ({extra}).",
                                    "give a folder holding group folders, e.g. DIR/hardware/my_gpu.yaml.")])
-    gh.clear()
     search = create_config_search_path(str(CONF_DIR))
     if extra:
         search.prepend(provider="command-line", path=f"file://{extra}", anchor=SearchPathQuery(provider="schema"))
+    gh = GlobalHydra.instance()
+    before = gh.hydra if gh.is_initialized() else None
+    gh.clear()
     _app.update(dir=extra, hydra=Hydra.create_main_hydra2(task_name="orchestrate", config_search_path=search))
+    gh.clear()  # kept here, not global: a caller's own hydra.initialize() still works after compose()
+    if before is not None:
+        gh.initialize(before)
     return _app["hydra"]
 
 
