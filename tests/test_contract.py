@@ -144,3 +144,19 @@ def test_the_measured_step_has_one_rule_everywhere(tmp_path):
     assert measured_rows(run)[-1]["median_s"] == want and measured_rows(run)[0]["median_s"] == 1.15
     assert measured_step_time(run) == want
     assert rundir.measured([3.0]) == [3.0] and rundir.measured([3.0, 1.0]) == [1.0]
+
+
+def test_compose_leaves_hydra_to_its_caller():
+    """compose() keeps its own Hydra: a notebook's hydra.initialize() works after it, and compose after that."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    from orchestrator import compose
+    from orchestrator.config.paths import CONF_DIR
+
+    assert compose(["model=tiny"]).model.name == "tiny"
+    assert not GlobalHydra.instance().is_initialized()
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        assert hydra.compose(config_name="config", overrides=["model=tiny_moe"]).model.name == "tiny_moe"
+        assert compose(["model=llama3_8b"]).model.name == "llama3_8b"
+        assert GlobalHydra.instance().is_initialized()  # the caller's, untouched
