@@ -51,6 +51,10 @@ def _lines(plan) -> list[str]:
         L += _memory(plan)
     if plan.step:
         L += _budget(plan) + _axes(plan) + _blast(plan)
+    if plan.placement is not None:
+        from orchestrator.plan.placement import lines
+
+        L += lines(plan.placement)
     if plan.search:
         L += ["", "layout search (ranked by predicted step time)"]
         for row in plan.search.get("top", []):
