@@ -110,3 +110,27 @@ def test_topology_aware_mapping_keeps_pipelines_off_the_oversubscribed_tier():
     assert pl.tiers == {"tp": "nvlink", "pp": "rack", "dp": "pod"} and not pl.warnings
     named = achieved_tiers(plan, topo, names)
     assert named["pp"].name == "pod" and pl.step_s < pl.name_order_step_s
+
+
+def test_sbatch_asks_for_a_compact_allocation_golden(tmp_path):
+    """launcher.switches=N@max-wait reaches the batch script as --switches (golden); a value
+    that is not N[@max-wait] is rejected naming the key, before anything is written."""
+    import os
+
+    from conftest import ROOT
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+    from orchestrator.launch.slurm import make_executor
+
+    cfg = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=4",
+                         "launcher=slurm", "launcher.partition=gpu", "launcher.switches='2@1-00:30:00'"]))
+    ex = make_executor(cfg, tmp_path / "jobs")
+    text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit JOBS", "UID")
+    text = text.replace(str(tmp_path / "jobs"), "JOBS")
+    golden = ROOT / "tests" / "golden" / "sbatch_switches.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert "#SBATCH --switches=2@1-00:30:00\n" in text and text == golden.read_text()
+    r = run_cli(["hardware=cpu", "model=tiny", "launcher=slurm", "launcher.switches=0"], tmp_path)
+    assert r.returncode == 2 and "[launcher.switches]" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "slurm").exists()
