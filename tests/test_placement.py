@@ -45,7 +45,7 @@ def test_topology_conf_and_scontrol_output_read_the_same_tree():
     conf = parse_topology(TWO_LEAVES + "# a comment\n")
     shown = parse_topology("SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=node[1,3]\n"
                            "SwitchName=leaf2 Level=0 LinkSpeed=1 Nodes=node[2,4]\n"
-                           "SwitchName=spine Level=1 LinkSpeed=1 Switches=leaf[1-2]\n")
+                           "SwitchName=spine Level=1 LinkSpeed=1 Nodes=node[1-4] Switches=leaf[1-2]\n")
     for t in (conf, shown):
         assert t.levels == 2 and t.leaf["node3"] == "leaf1" and t.parent["leaf2"] == "spine"
         assert t.ancestors("node4") == ["leaf2", "spine"]

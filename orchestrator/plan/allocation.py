@@ -81,8 +81,9 @@ def parse_topology(text: str, source: str = "") -> Topology:
             if "switchname" in f:
                 name = f["switchname"]
                 children[name] = expand(f.get("switches"))
-                for host in expand(f.get("nodes")):
-                    topo.leaf[host] = name
+                if not children[name]:  # scontrol lists every node below a switch: only a leaf's count
+                    for host in expand(f.get("nodes")):
+                        topo.leaf[host] = name
                 if f.get("level", "").isdigit():
                     given_level[name] = int(f["level"])
             elif "blockname" in f:
