@@ -84,11 +84,13 @@ def test_dry_planning_maps_the_groups_under_one_leaf_and_reports_a_scattered_all
     assert "more scattered than the plan assumed: pp spans spine (plan: leaf)" in r.stdout
 
 
-@pytest.mark.parametrize("bad, key", [("cluster.nodelist='node[1-'", "cluster.nodelist"),
-                                      ("cluster.nodelist=node1", "cluster.nodelist, cluster.nodes")])
-def test_a_bad_nodelist_or_topology_is_rejected_naming_the_key(tmp_path, bad, key):
+@pytest.mark.parametrize("text, bad, key", [
+    (TWO_LEAVES, "cluster.nodelist='node[1-'", "cluster.nodelist"),
+    (TWO_LEAVES, "cluster.nodelist=node1", "cluster.nodelist, cluster.nodes"),
+    ("SwitchName=spine Switches=leaf[1-2]\n", "cluster.nodelist='node[1-2]'", "cluster.topology")])
+def test_a_bad_nodelist_or_topology_is_rejected_naming_the_key(tmp_path, text, bad, key):
     conf = tmp_path / "topology.conf"
-    conf.write_text(TWO_LEAVES)
+    conf.write_text(text)
     r = run_cli([*TINY, "cluster.nodes=2", "layout.dp=2", f"cluster.topology={conf}", bad], tmp_path)
     assert r.returncode == 2 and f"[{key}]" in r.stderr + r.stdout and "Traceback" not in r.stderr
 
@@ -134,3 +136,19 @@ def test_sbatch_asks_for_a_compact_allocation_golden(tmp_path):
     r = run_cli(["hardware=cpu", "model=tiny", "launcher=slurm", "launcher.switches=0"], tmp_path)
     assert r.returncode == 2 and "[launcher.switches]" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run" / "slurm").exists()
+
+
+def test_a_topology_shaped_like_the_fabric_preset_reproduces_the_plans_own_step():
+    """Llama 3 405B on 1,024 nodes, llama3_meta: racks of 2 nodes, pods of 384 nodes, 1:7 above.
+    Hosts under exactly those switches give back the plan's tiers and its step to the last
+    digit; the same hosts with names dealt at random, mapped in name order, put PP across the
+    oversubscribed tier with few members per pod and cost more; mapped by topology, they do not."""
+    plan = plan_of("recipe=llama3_405b", "figures=false")
+    names = [f"n{i:04d}" for i in range(1024)]
+    racks = [names[i:i + 2] for i in range(0, 1024, 2)]
+    pl = place(plan, names, parse_topology(tree_conf(racks, per_pod=192)))
+    assert pl.nodes == names and pl.tiers == pl.ideal and pl.step_s == pytest.approx(plan.step.wall_s, rel=1e-12)
+    dealt = random.Random(0).sample(names, 1024)
+    pl = place(plan, names, parse_topology(tree_conf([dealt[i:i + 2] for i in range(0, 1024, 2)], per_pod=192)))
+    assert pl.step_s == pytest.approx(plan.step.wall_s, rel=1e-12)
+    assert pl.tiers["pp"] == "pod" and pl.name_order_step_s > 1.02 * plan.step.wall_s

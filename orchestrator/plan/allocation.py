@@ -35,6 +35,7 @@ class Topology:
     leaf: dict[str, str] = field(default_factory=dict)  # host -> its leaf switch
     block: dict[str, str] = field(default_factory=dict)  # host -> its block (NVLink domain)
     source: str = ""
+    _keys: dict = field(default_factory=dict, repr=False, compare=False)  # memo: path keys, switch chains
 
     @property
     def levels(self) -> int:
@@ -42,20 +43,30 @@ class Topology:
 
     def ancestors(self, host: str) -> list[str | None]:
         """The switch above `host` at each level (the lowest one at or above it), None off the tree."""
-        out: list[str | None] = [None] * self.levels
-        s = self.leaf.get(host)
-        for L in range(self.levels):
-            while s is not None and self.level[s] < L:
-                s = self.parent.get(s)
-            out[L] = s
-        return out
+        return list(self._chain(self.leaf.get(host)))
+
+    def _chain(self, leaf: str | None) -> tuple:
+        key = ("chain", leaf)
+        if key not in self._keys:
+            out, s = [], leaf
+            for L in range(self.levels):
+                while s is not None and self.level[s] < L:
+                    s = self.parent.get(s)
+                out.append(s)
+            self._keys[key] = tuple(out)
+        return self._keys[key]
 
     def path_key(self, host: str) -> tuple:
         """Sort key: the host's switches top first, then its name (hosts off the tree last)."""
-        anc = self.ancestors(host)
-        block = self.block.get(host)
-        return (tuple((0, natural_key(s)) if s else (1, ()) for s in reversed(anc)) +
-                ((0, natural_key(block)) if block else (1, ()), natural_key(host)))
+        key = self._keys.get(host)
+        if key is None:
+            leaf, block = self.leaf.get(host), self.block.get(host)
+            up = self._keys.get(("path", leaf))
+            if up is None:
+                up = self._keys[("path", leaf)] = tuple((0, natural_key(s)) if s else (1, ())
+                                                       for s in reversed(self._chain(leaf)))
+            key = self._keys[host] = up + ((0, natural_key(block)) if block else (1, ()), natural_key(host))
+        return key
 
 
 def _fields(line: str) -> dict[str, str]:

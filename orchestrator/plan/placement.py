@@ -10,8 +10,10 @@ SLURM job does it again on the allocation it got, at every attempt (`for_attempt
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import numpy as np
 
 from orchestrator.config.errors import Problem
 from orchestrator.plan.allocation import Topology, TopologyError, assign, choose, host_ids, read_topology, span_levels
@@ -70,8 +72,28 @@ def achieved_tiers(plan, topo: Topology | None, hosts: list[str]) -> dict[str, T
         axis = AXES[name]
         groups = grids[axis.grid].groups(axis.members) // gpn
         level = int(span_levels((ids, blocks), groups).max()) if groups.shape[1] > 1 else -2
-        out[name] = _tier_of_level(tiers, level, ids.shape[0])
+        out[name] = _streams(plan, name, _tier_of_level(tiers, level, ids.shape[0]), ids, groups, level)
     return out
+
+
+STREAMED = ("pp", "cp", "dp", "edp")  # the axes whose rings/chains the cost model slows by streams per block
+
+
+def _streams(plan, name: str, tier: Tier, ids: np.ndarray, groups: np.ndarray, level: int) -> Tier:
+    """On an oversubscribed tier the cost model slows a ring only when a block below it holds
+    fewer members of a group than the oversubscription (cost._stream_gbps), counting members
+    on the ideal rank blocks; here they are counted under the real switches, and the tier's
+    bandwidth scaled so that the cost model's own rule gives the real count's bandwidth."""
+    from orchestrator.plan.cost import _members_per_block, _oversubscribed
+
+    factor, block = _oversubscribed(plan.spec).get(tier.name, (1.0, 0))
+    if factor <= 1.0 or name not in STREAMED or level < 0:
+        return tier
+    below = groups if level == 0 else ids[min(level, ids.shape[0]) - 1][groups]
+    rows = np.sort(below, axis=1) + np.arange(below.shape[0])[:, None] * (int(below.max()) + 1)
+    here = int(np.unique(rows.ravel(), return_counts=True)[1].min())  # fewest members under one switch
+    ideal = _members_per_block(plan.layout, plan.order, name, block)
+    return replace(tier, gbps=tier.gbps * min(factor, here) / min(factor, ideal))
 
 
 def recost(plan, tiers: dict[str, Tier]) -> float | None:
