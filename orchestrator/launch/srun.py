@@ -80,7 +80,7 @@ class SrunWorkers(Workers):
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         import socket
 
-        from orchestrator.plan.placement import for_attempt
+        from orchestrator.launch.hosts import for_attempt
 
         lc, gpn = self.spec.launcher, self.spec.hardware.gpus_per_node
         need = json.loads((plan_dir / "plan.json").read_text())["nodes"]

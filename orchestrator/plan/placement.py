@@ -5,14 +5,11 @@ The plan's tiers (plan.axes[a].tier) assume the fabric preset's idealised blocks
 the groups are looked up on the allocation's real switches (plan/allocation.py), and the
 achieved tiers replace the ideal ones in the same cost model. A user sees this before
 submitting with `cluster.topology=FILE cluster.nodelist=HOSTLIST` (launcher=dry); the
-SLURM job does it again on the allocation it got, at every attempt (`for_attempt`).
+SLURM job does it again on the allocation it got, at every attempt (launch/hosts.py).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-
 import numpy as np
 
 from orchestrator.config.errors import Problem
@@ -20,9 +17,6 @@ from orchestrator.plan.allocation import Topology, TopologyError, assign, choose
 from orchestrator.plan.axes import AXES
 from orchestrator.plan.hostlist import HostlistError, expand
 from orchestrator.plan.topology import Tier, tiers_for
-
-START, END = "<!-- placement: start -->", "<!-- placement: end -->"
-
 
 @dataclass
 class Placement:
@@ -159,48 +153,3 @@ def attach(plan) -> None:
                            f"{', ...' if len(off) > 4 else ''}); their groups count as crossing the top tier.")
     plan.placement = pl
     plan.warnings += pl.warnings
-
-
-def lines(pl: Placement) -> list[str]:
-    """The placement section of the report (plan.md, the job's log)."""
-    L = ["", f"placement on this allocation (topology: {pl.source}; {len(pl.nodes)} hosts)",
-         f"  {'axis':<4} {'plan assumed':<14} {'spans here':<14}"]
-    L += [f"  {a:<4} {pl.ideal[a]:<14} {t:<14}" for a, t in pl.tiers.items()]
-    if pl.step_s is not None:
-        L.append(f"  predicted step here {pl.step_s:.4g} s (plan {pl.ideal_step_s:.4g} s, "
-                 f"{pl.step_s / pl.ideal_step_s - 1:+.1%}); hosts in name order {pl.name_order_step_s:.4g} s")
-    shown = ", ".join(f"{k}:{h}" for k, h in enumerate(pl.nodes[:16]))
-    return L + [f"  logical node -> host: {shown}{', ...' if len(pl.nodes) > 16 else ''}"]
-
-
-def for_attempt(spec, plan_dir: Path, nodes: list[str], need: int, say=print) -> list[str]:
-    """In the SLURM job, before each attempt's step: the hosts of the plan's logical nodes
-    on this allocation (survivors after a failover), chosen and ordered by the cluster's
-    topology; recorded in plan_dir's plan.json (`placement`) and plan.md, and said in the log.
-    Without a topology (no tree/block plugin, no cluster.topology) the nodes keep their order."""
-    from orchestrator.plan import make_plan
-
-    try:
-        topo = read_topology(spec.cluster.topology)
-    except TopologyError as e:
-        say(f"placement: topology not read ({e}); hosts in name order")
-        topo = None
-    if topo is None:
-        return list(nodes[:need])
-    path = Path(plan_dir) / "plan.json"
-    data = json.loads(path.read_text())
-    plan = make_plan(data["config"])
-    pl = place(plan, list(nodes), topo)
-    data["placement"] = pl.to_json()
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    text = lines(pl) + [f"warning: {w}" for w in pl.warnings]
-    md = Path(plan_dir) / "plan.md"
-    if md.exists():
-        old = md.read_text()
-        if START in old:
-            old = old[:old.index(START)] + old[old.index(END) + len(END):].lstrip("\n")
-        md.write_text(old.rstrip("\n") + "\n\n" + "\n".join([START, "## Placement on the allocation", "", "```",
-                                                             *text[1:], "```", END, ""]))
-    for line in text:
-        say(line)
-    return pl.nodes
