@@ -133,8 +133,11 @@ def test_sbatch_asks_for_a_compact_allocation_golden(tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
     assert "#SBATCH --switches=2@1-00:30:00\n" in text and text == golden.read_text()
-    r = run_cli(["hardware=cpu", "model=tiny", "launcher=slurm", "launcher.switches=0"], tmp_path)
-    assert r.returncode == 2 and "[launcher.switches]" in r.stderr and "Traceback" not in r.stderr
+    seg = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=4", "launcher=slurm", "launcher.segment=2"]))
+    assert "#SBATCH --segment=2\n" in make_executor(seg, tmp_path / "seg")._executor._make_submission_file_text("x", "U")
+    r = run_cli(["hardware=cpu", "model=tiny", "launcher=slurm", "launcher.switches=0", "launcher.segment=0"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "[launcher.switches]" in r.stderr and "[launcher.segment]" in r.stderr
     assert not (tmp_path / "run" / "slurm").exists()
 
 

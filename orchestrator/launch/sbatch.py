@@ -46,6 +46,9 @@ def problems(lc, run_dir: Path) -> list[Problem]:
         out.append(Problem("launcher.switches", f"{str(lc.switches)[:80]!r} is not N[@max-wait] (sbatch --switches).",
                            "e.g. launcher.switches=4 (at most 4 leaf switches) or launcher.switches=4@30 (wait up "
                            "to 30 minutes for them)."))
+    if lc.segment is not None and not 1 <= lc.segment <= 65536:
+        out.append(Problem("launcher.segment", f"must be between 1 and 65536 nodes, got {lc.segment}.",
+                           "set launcher.segment to the nodes that must share one block (topology/block)."))
     for i, line in enumerate(lc.setup or []):
         why = _setup_problem(str(line))
         if why:
