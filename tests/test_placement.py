@@ -155,3 +155,26 @@ def test_a_topology_shaped_like_the_fabric_preset_reproduces_the_plans_own_step(
     pl = place(plan, names, parse_topology(tree_conf([dealt[i:i + 2] for i in range(0, 1024, 2)], per_pod=192)))
     assert pl.step_s == pytest.approx(plan.step.wall_s, rel=1e-12)
     assert pl.tiers["pp"] == "pod" and pl.name_order_step_s > 1.02 * plan.step.wall_s
+
+
+def test_each_attempt_places_the_survivors_again_and_takes_the_spare_under_the_same_leaf(tmp_path):
+    """What the SLURM job does before each attempt (launch/hosts.py): of the nodes in service
+    (node4 lost: node1, node2, node3) the 2-node plan takes the two under one leaf, and the
+    attempt's plan.json and plan.md say so (once, however often it is placed)."""
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+    from orchestrator.launch.hosts import for_attempt
+
+    conf = tmp_path / "topology.conf"
+    conf.write_text(TWO_LEAVES)
+    r = run_cli([*TINY, "cluster.nodes=2", "layout.pp=2"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    spec = typed(compose([*TINY, "cluster.nodes=2", "layout.pp=2", f"cluster.topology={conf}"]))
+    said = []
+    for _ in range(2):
+        hosts = for_attempt(spec, tmp_path / "run", ["node1", "node2", "node3"], 2, say=said.append)
+        assert hosts == ["node1", "node3"]
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["placement"]["nodes"] == hosts and plan["placement"]["tiers"] == {"pp": "leaf"}
+    assert (tmp_path / "run" / "plan.md").read_text().count("## Placement on the allocation") == 1
+    assert any("logical node -> host: 0:node1, 1:node3" in line for line in said)
