@@ -178,3 +178,18 @@ def test_each_attempt_places_the_survivors_again_and_takes_the_spare_under_the_s
     assert plan["placement"]["nodes"] == hosts and plan["placement"]["tiers"] == {"pp": "leaf"}
     assert (tmp_path / "run" / "plan.md").read_text().count("## Placement on the allocation") == 1
     assert any("logical node -> host: 0:node1, 1:node3" in line for line in said)
+
+
+def test_tensor_parallel_groups_stay_inside_an_nvlink_block():
+    """GB200 NVL72 (4-GPU trays, fabric nvl72) with SLURM's topology/block: two blocks of 18
+    trays whose names alternate. TP8 spans two trays; mapped by blocks every TP group stays on
+    NVLink and the step is the plan's own; in name order TP crosses the network."""
+    plan = plan_of("hardware=gb200", "fabric=nvl72", "model=llama3_70b", "cluster.nodes=36", "layout.tp=8",
+                   "layout.pp=2", "layout.dp=9", "training.seq_len=8192", "training.global_batch=72", "figures=false")
+    names = [f"gb{i}" for i in range(1, 37)]
+    topo = parse_topology(f"BlockName=b1 Nodes={','.join(names[0::2])}\nBlockName=b2 Nodes={','.join(names[1::2])}\n"
+                          "BlockSizes=18\n")
+    pl = place(plan, names, topo)
+    assert pl.tiers["tp"] == "nvlink" and pl.step_s == pytest.approx(plan.step.wall_s, rel=1e-12)
+    assert all(topo.block[pl.nodes[k]] == topo.block[pl.nodes[k + 1]] for k in range(0, 36, 2))
+    assert achieved_tiers(plan, topo, names)["tp"].name == "network" and pl.name_order_step_s > 2 * pl.step_s
