@@ -195,3 +195,10 @@ def test_tensor_parallel_groups_stay_inside_an_nvlink_block():
     assert pl.tiers["tp"] == "nvlink" and pl.step_s == pytest.approx(plan.step.wall_s, rel=1e-12)
     assert all(topo.block[pl.nodes[k]] == topo.block[pl.nodes[k + 1]] for k in range(0, 36, 2))
     assert achieved_tiers(plan, topo, names)["tp"].name == "network" and pl.name_order_step_s > 2 * pl.step_s
+
+
+def test_without_a_topology_the_hosts_keep_their_order_and_the_plan_its_tiers():
+    plan = plan_of(*TINY, "cluster.nodes=2", "layout.pp=2")
+    pl = place(plan, ["node9", "node2", "node5"], None)
+    assert pl.nodes == ["node9", "node2"] and pl.tiers == pl.ideal == {"pp": plan.axes["pp"].tier}
+    assert pl.step_s == plan.step.wall_s and not pl.warnings

@@ -61,13 +61,18 @@ def achieved_tiers(plan, topo: Topology | None, hosts: list[str]) -> dict[str, T
     grids = {"dense": plan.grid(), "expert": plan.expert_grid()}
     out = {}
     for name, report in plan.axes.items():
-        if report.size <= 1 or not (report.calls_per_step or name in ("tp", "cp", "pp")):
-            continue  # as the report lists them: an axis that moves nothing does not matter here
+        if not _moves(name, report):
+            continue
         axis = AXES[name]
         groups = grids[axis.grid].groups(axis.members) // gpn
         level = int(span_levels((ids, blocks), groups).max()) if groups.shape[1] > 1 else -2
         out[name] = _streams(plan, name, _tier_of_level(tiers, level, ids.shape[0]), ids, groups, level)
     return out
+
+
+def _moves(name: str, report) -> bool:
+    """As the report lists axes: one of size 1, or one that moves nothing, does not matter here."""
+    return report.size > 1 and bool(report.calls_per_step or name in ("tp", "cp", "pp"))
 
 
 STREAMED = ("pp", "cp", "dp", "edp")  # the axes whose rings/chains the cost model slows by streams per block
@@ -108,6 +113,10 @@ def recost(plan, tiers: dict[str, Tier]) -> float | None:
 def place(plan, hosts: list[str], topo: Topology | None, source: str = "") -> Placement:
     """Choose the plan's nodes among `hosts` and map its logical nodes onto them by topology."""
     need = plan.spec.cluster.nodes
+    if topo is None:  # nothing known about the network: the hosts in their order, the plan's own tiers
+        return Placement(list(hosts[:need]), {n: a.tier for n, a in plan.axes.items() if _moves(n, a)},
+                         {n: a.tier for n, a in plan.axes.items() if _moves(n, a)}, plan.step.wall_s,
+                         plan.step.wall_s, plan.step.wall_s, "none: hosts in their order, the fabric preset's tiers")
     mapped = assign(topo, choose(topo, hosts, need), chunk_of(plan))
     here = achieved_tiers(plan, topo, mapped)
     names = achieved_tiers(plan, topo, list(hosts[:need]))
@@ -147,7 +156,7 @@ def attach(plan) -> None:
         plan.valid = False
         return
     pl = place(plan, hosts, topo)
-    off = [h for h in pl.nodes if topo is None or (h not in topo.leaf and h not in topo.block)]
+    off = [h for h in pl.nodes if h not in topo.leaf and h not in topo.block] if topo is not None else []
     if off:
         pl.warnings.append(f"placement: {len(off)} host(s) are not in the topology ({', '.join(off[:4])}"
                            f"{', ...' if len(off) > 4 else ''}); their groups count as crossing the top tier.")
