@@ -142,8 +142,8 @@ def attach(plan) -> None:
     if plan.step is None or not (cl.topology or cl.nodelist):
         return
     try:
-        topo = read_topology(cl.topology)
-        hosts = expand(cl.nodelist) if cl.nodelist else sorted(set(topo.leaf) | set(topo.block)) if topo else []
+        topo = read_topology(str(cl.topology) if cl.topology else None)
+        hosts = expand(str(cl.nodelist)) if cl.nodelist else sorted(set(topo.leaf) | set(topo.block)) if topo else []
     except (TopologyError, HostlistError) as e:
         key = "cluster.nodelist" if isinstance(e, HostlistError) else "cluster.topology"
         plan.errors.append(Problem(key, str(e), "give a SLURM topology.conf (SwitchName=... Nodes=...) and a "
