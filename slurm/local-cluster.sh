@@ -11,12 +11,17 @@
 #   export SLURM_CONF=$(slurm/local-cluster.sh conf)   # for sbatch/squeue/sacct and submitit
 #
 # Parameters (environment): NODES (2), GPUS per node (4), CPUS per node (8),
-# SLURM_LOCAL_DIR (/var/tmp/orchestrator-slurm).
+# SLURM_LOCAL_DIR (/var/tmp/orchestrator-slurm), TOPOLOGY (none | tree): with tree, the nodes sit
+# under LEAVES (2) leaf switches listed interleaved (node i on leaf (i-1) % LEAVES + 1; so node1 and
+# node2 are on different leaves) below one spine, in $SLURM_LOCAL_DIR/etc/topology.conf
+# (TopologyPlugin=topology/tree; `scontrol show topology` prints it).
 set -euo pipefail
 
 NODES=${NODES:-2}
 GPUS=${GPUS:-4}
 CPUS=${CPUS:-8}
+TOPOLOGY=${TOPOLOGY:-none}
+LEAVES=${LEAVES:-2}
 DIR=${SLURM_LOCAL_DIR:-/var/tmp/orchestrator-slurm}
 CONF=$DIR/etc/slurm.conf
 HOST=$(hostname -s)
@@ -75,6 +80,7 @@ JobAcctGatherType=jobacct_gather/none
 NodeName=node[1-$NODES] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=4000 Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+  write_topology
   cat >"$DIR/etc/gres.conf" <<EOF
 AutoDetect=off
 NodeName=node[1-$NODES] Name=gpu File=$DIR/gres/nvidia[0-$gpus_last]
@@ -92,6 +98,25 @@ StorageUser=slurm
 StoragePass=slurm
 EOF
   chmod 600 "$DIR/etc/slurmdbd.conf"
+}
+
+write_topology() {
+  rm -f "$DIR/etc/topology.conf"
+  case $TOPOLOGY in
+    none) return 0 ;;
+    tree) ;;
+    *) die "TOPOLOGY=$TOPOLOGY: use none or tree" ;;
+  esac
+  echo "TopologyPlugin=topology/tree" >>"$CONF"
+  local leaves="" nodes l i
+  for ((l = 1; l <= LEAVES; l++)); do
+    nodes=""
+    for ((i = l; i <= NODES; i += LEAVES)); do nodes+="${nodes:+,}node$i"; done
+    [[ -n $nodes ]] || continue
+    echo "SwitchName=leaf$l Nodes=$nodes" >>"$DIR/etc/topology.conf"
+    leaves+="${leaves:+,}leaf$l"
+  done
+  echo "SwitchName=spine Switches=$leaves" >>"$DIR/etc/topology.conf"
 }
 
 hosts_line() {
@@ -169,7 +194,7 @@ up() {
   start_munge
   start_mariadb
   start_slurm
-  say "up: $NODES nodes x $GPUS GPUs; export SLURM_CONF=$CONF"
+  say "up: $NODES nodes x $GPUS GPUs (topology $TOPOLOGY); export SLURM_CONF=$CONF"
 }
 
 down() {
@@ -198,6 +223,7 @@ case "${1:-}" in
   down) down ;;
   status) sinfo -N ;;
   conf) echo "$CONF" ;;
+  topology) echo "$DIR/etc/topology.conf" ;;
   pid) cat "$DIR/run/slurmd-${2:?node name}.pid" ;;
-  *) echo "usage: $0 up|down|status|conf|pid NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|conf|topology|pid NODE" >&2; exit 2 ;;
 esac

@@ -47,6 +47,10 @@ class SlurmLauncherConfig(LauncherConfig):
     time_min: int = 60
     constraint: Optional[str] = None
     exclude: Optional[str] = None
+    # sbatch --switches=N[@max-wait]: at most N leaf switches (topology/tree), waiting up to
+    # max-wait (minutes, or [days-]hours:minutes:seconds) before taking a wider allocation.
+    switches: Optional[str] = None
+    segment: Optional[int] = None  # sbatch --segment=N (topology/block): nodes per block-local segment
     setup: List[str] = field(default_factory=list)
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     wait: bool = False  # follow the job and print its progress; Ctrl-C detaches, never cancels

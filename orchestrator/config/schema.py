@@ -121,6 +121,11 @@ class HardwareConfig:
 class ClusterConfig:
     nodes: int = 1  # the nodes the plan runs on
     spare_nodes: int = 0  # more nodes kept idle (warm) to replace a lost one without shrinking DP
+    # The hosts and their network, to see the placement before submitting (plan/placement.py):
+    # a SLURM topology.conf (tree: SwitchName=... Nodes=/Switches=...; block: BlockName=... Nodes=...)
+    # and a SLURM hostlist (node[1-4,7]). A SLURM job reads its own allocation and topology.
+    topology: Optional[str] = None
+    nodelist: Optional[str] = None
 
 
 class PipelineRules(str, Enum):

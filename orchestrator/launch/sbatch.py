@@ -19,6 +19,7 @@ OPTION = re.compile(r"[a-z][a-z0-9_\-]{0,63}")
 WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/\-'\" ]{1,1024}")
 FIELDS = ("job_name", "partition", "account", "qos", "constraint", "exclude", "container_image", "container_python",
           "container_workdir")
+SWITCHES = re.compile(r"([1-9][0-9]{0,5})(@(\d{1,4}-)?\d{1,6}(:\d{1,2}){0,2})?")
 NUMBERS = {"time_min": (1, 525600), "cpus_per_task": (1, 4096), "signal_delay_s": (0, 86400),
            "max_requeues": (0, 1000)}
 
@@ -41,6 +42,13 @@ def problems(lc, run_dir: Path) -> list[Problem]:
         out.append(Problem("launcher.signal_delay_s, launcher.time_min", f"the save-and-requeue signal "
                            f"{lc.signal_delay_s} s before the end of a {lc.time_min}-minute job comes before it starts.",
                            "use a signal_delay_s shorter than the time limit."))
+    if lc.switches is not None and not SWITCHES.fullmatch(str(lc.switches)):
+        out.append(Problem("launcher.switches", f"{str(lc.switches)[:80]!r} is not N[@max-wait] (sbatch --switches).",
+                           "e.g. launcher.switches=4 (at most 4 leaf switches) or launcher.switches=4@30 (wait up "
+                           "to 30 minutes for them)."))
+    if lc.segment is not None and not 1 <= lc.segment <= 65536:
+        out.append(Problem("launcher.segment", f"must be between 1 and 65536 nodes, got {lc.segment}.",
+                           "set launcher.segment to the nodes that must share one block (topology/block)."))
     for i, line in enumerate(lc.setup or []):
         why = _setup_problem(str(line))
         if why:

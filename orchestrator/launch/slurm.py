@@ -44,6 +44,10 @@ def make_executor(spec, folder: Path):
                   timeout_min=lc.time_min, slurm_signal_delay_s=lc.signal_delay_s, slurm_setup=list(lc.setup),
                   slurm_use_srun=False,
                   slurm_additional_parameters={"no-kill": True, "requeue": True, **dict(lc.additional_parameters)})
+    if lc.switches is not None:  # a compact allocation: at most N leaf switches (topology/tree)
+        params["slurm_additional_parameters"]["switches"] = str(lc.switches)
+    if lc.segment is not None:  # topology/block: the job in segments of N nodes, each inside one block
+        params["slurm_additional_parameters"]["segment"] = int(lc.segment)
     if lc.gpus_per_node_gres:
         params["gpus_per_node"] = gpn
     for key, value in (("slurm_partition", lc.partition), ("slurm_account", lc.account), ("slurm_qos", lc.qos),

@@ -80,9 +80,14 @@ class SrunWorkers(Workers):
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         import socket
 
+        from orchestrator.launch.hosts import for_attempt
+
         lc, gpn = self.spec.launcher, self.spec.hardware.gpus_per_node
         need = json.loads((plan_dir / "plan.json").read_text())["nodes"]
-        self.current, self.policy = list(nodes[:need]), policy
+        # logical node k -> current[k]: the plan's nodes chosen among the nodes in service (after a
+        # failover: the survivors, a spare close to its group) and ordered by the cluster's topology
+        alive = [n for n in self.all if n not in self.lost]
+        self.current, self.policy = for_attempt(self.spec, plan_dir, alive, need), policy
         (plan_dir / "logs").mkdir(parents=True, exist_ok=True)
         if policy is not None:
             from orchestrator.launch.control import JobServices
@@ -96,7 +101,8 @@ class SrunWorkers(Workers):
         cmd.insert(1, f"--output={plan_dir / 'logs' / 'rank%t.log'}")
         job = os.environ.get("SLURM_JOB_ID", "0")
         env = dict(os.environ, **env, MASTER_ADDR=self.current[0], OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   MASTER_PORT=str(15000 + (int(job) * 7 + attempt) % 20000), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+                   MASTER_PORT=str(15000 + (int(job) * 7 + attempt) % 20000), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                   ORCH_HOSTS=",".join(self.current))  # the worker's rank from its host (train/worker.py)
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         print(f"attempt {attempt}: {' '.join(cmd)}", flush=True)
 

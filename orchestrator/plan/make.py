@@ -7,6 +7,7 @@ from orchestrator.config.compose import typed
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LauncherName
 from orchestrator.plan.capability import runtime_problems
+from orchestrator.plan.placement import attach
 from orchestrator.plan.plan import Plan, plan_spec
 from orchestrator.plan.search import search
 from orchestrator.plan.validate import check_values
@@ -26,6 +27,8 @@ def make_plan(cfg: Any) -> Plan:
     if problems:  # nothing below may run on numbers outside their physical range
         return Plan(valid=False, errors=problems, warnings=[], world_size=0, spec=spec)
     plan = search(spec) if spec.layout.search else plan_spec(spec)
+    if plan.valid:
+        attach(plan)  # cluster.topology / cluster.nodelist: the plan on those hosts
     if plan.layout is not None and spec.launcher.name != LauncherName.dry:
         plan.errors += runtime_problems(spec, plan.layout)
         plan.valid = not plan.errors

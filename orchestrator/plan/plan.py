@@ -44,6 +44,7 @@ class Plan:
     params: int | None = None
     active_params: int | None = None
     search: dict | None = None  # layout=auto: the ranking and why the neighbours lost
+    placement: Any = None  # plan/placement.py: on real hosts (cluster.topology, cluster.nodelist)
 
     def grid(self) -> RankGrid:
         """The dense rank grid (tp, cp, dp, pp): every group of attention, dense MLPs and FSDP."""
@@ -90,6 +91,8 @@ class Plan:
             out["published"] = to_dict(self.spec.published)
         if self.search:
             out["search"] = self.search
+        if self.placement is not None:
+            out["placement"] = self.placement.to_json()
         out["config"] = to_dict(self.spec)
         return out
 

@@ -51,6 +51,8 @@ def _lines(plan) -> list[str]:
         L += _memory(plan)
     if plan.step:
         L += _budget(plan) + _axes(plan) + _blast(plan)
+    if plan.placement is not None:
+        L += placement_lines(plan.placement)
     if plan.search:
         L += ["", "layout search (ranked by predicted step time)"]
         for row in plan.search.get("top", []):
@@ -139,6 +141,18 @@ def _blast(plan) -> list[str]:
                  f"in {_fmt_s(br['checkpoint_seconds'])}; Young/Daly interval "
                  f"{br['checkpoint_interval_s'] / 60:.1f} min (overhead {br['expected_overhead']:.1%})")
     return L
+
+
+def placement_lines(pl) -> list[str]:
+    """The placement section of the report (plan.md, the job's log)."""
+    L = ["", f"placement on this allocation (topology: {pl.source}; {len(pl.nodes)} hosts)",
+         f"  {'axis':<4} {'plan assumed':<14} {'spans here':<14}"]
+    L += [f"  {a:<4} {pl.ideal[a]:<14} {t:<14}" for a, t in pl.tiers.items()]
+    if pl.step_s is not None:
+        L.append(f"  predicted step here {pl.step_s:.4g} s (plan {pl.ideal_step_s:.4g} s, "
+                 f"{pl.step_s / pl.ideal_step_s - 1:+.1%}); hosts in name order {pl.name_order_step_s:.4g} s")
+    shown = ", ".join(f"{k}:{h}" for k, h in enumerate(pl.nodes[:16]))
+    return L + [f"  logical node -> host: {shown}{', ...' if len(pl.nodes) > 16 else ''}"]
 
 
 def render_table(plan) -> str:

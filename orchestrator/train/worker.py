@@ -26,9 +26,21 @@ def train(plan_dir: Path, should_stop=None) -> dict:
     return Trainer(plan_dir, should_stop).run()
 
 
+def rank_from_host() -> None:
+    """Under srun: SLURM numbers tasks in its own node order; the launcher's placement
+    (ORCH_HOSTS, the host of each logical node) says which logical node this host is."""
+    hosts, me = os.environ.get("ORCH_HOSTS", "").split(","), os.environ.get("SLURMD_NODENAME")
+    if me not in hosts or "SLURM_LOCALID" not in os.environ or "SLURM_NTASKS" not in os.environ:
+        return
+    k, per = hosts.index(me), int(os.environ["SLURM_NTASKS"]) // len(hosts)
+    os.environ.update(RANK=str(k * per + int(os.environ["SLURM_LOCALID"])), GROUP_RANK=str(k))
+    print(f"placement: rank {os.environ['RANK']} is logical node {k} on {me}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit("usage: python -m orchestrator.train.worker PLAN_DIR")
+    rank_from_host()
     for torch_name, slurm_name in SLURM_ENV.items():
         if torch_name not in os.environ and slurm_name in os.environ:
             os.environ[torch_name] = os.environ[slurm_name]
