@@ -1,0 +1,292 @@
+"""External trainers (trainer=torchtitan, megatron, command): config, refusals, the rendered
+command lines, the framework's own rank groups against the plan's, and the example script
+trained under trainer=command through a node loss."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, losses_by_step, plan_of
+from megatron_ref import grids, rank_groups
+
+
+SMALL = ["hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=4", "training.global_batch=64", "launcher=slurm"]
+
+
+def flags(args: list[str]) -> dict:
+    out = {}
+    for a in args:
+        k, _, v = a.partition("=")
+        out[k] = v
+    return out
+
+
+# ---- config ----------------------------------------------------------------------------
+def test_a_framework_trainer_plans_on_its_own_stack_unless_stack_is_given():
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+
+    assert typed(compose(["recipe=llama3_405b", "trainer=torchtitan"])).stack.name == "torchtitan"
+    assert typed(compose(["recipe=llama3_405b", "trainer=megatron"])).stack.name == "megatron_core"
+    assert typed(compose(["recipe=llama3_405b"])).stack.name == "llama3_meta"  # the recipe's, without a trainer
+    assert typed(compose(["trainer=torchtitan", "stack=megatron_core"])).stack.name == "megatron_core"
+    for t in ("torchtitan", "megatron"):
+        p = plan_of("recipe=llama3_405b", f"trainer={t}", "launcher=slurm")
+        assert p.valid, p.errors
+
+
+def test_mismatches_and_unsafe_commands_are_refused_with_the_key():
+    p = plan_of("trainer=torchtitan", "stack=megatron_core", "launcher=local", "hardware=cpu", "model=tiny")
+    assert p.errors[0].key == "stack, trainer" and "trainer=command" in p.errors[0].fix
+    p = plan_of("stack=torchtitan", "launcher=local", "hardware=cpu", "model=tiny")
+    assert p.errors[0].key == "stack" and "trainer=torchtitan" in p.errors[0].fix
+    p = plan_of("trainer=command", "launcher=local", "hardware=cpu", "model=tiny")
+    assert [e.key for e in p.errors] == ["trainer.command"]
+    for bad, why in (("python t.py\n--x", "control character"), ("python 't.py", "shell words"),
+                     ("python t.py \x1b[2J", "control character")):
+        quoted = bad.replace("'", "\\'")
+        p = plan_of("trainer=command", f"trainer.command='{quoted}'", "launcher=local", "hardware=cpu", "model=tiny")
+        assert [e.key for e in p.errors] == ["trainer.command"] and why in p.errors[0].message, p.errors
+    p = plan_of("trainer=command", "trainer.command='python t.py'", "launcher=local", "hardware=cpu", "model=tiny",
+                "stack=megatron_core")
+    assert p.valid, p.errors  # your own program may be priced as any stack
+
+
+def test_what_the_framework_cannot_run_is_refused_before_launch():
+    p = plan_of(*SMALL, "trainer=torchtitan", "layout.pp=2", "schedule=zero_bubble", "layout.tp=2")
+    assert [e.key for e in p.errors] == ["schedule.name"] and "dualpipev" in p.errors[0].fix
+    p = plan_of(*SMALL, "trainer=megatron", "layout.pp=4", "schedule=dualpipev", "layout.tp=2")
+    assert [e.key for e in p.errors] == ["schedule.name"], p.errors
+    p = plan_of(*SMALL, "trainer=torchtitan", "layout.zero=1", "layout.tp=2")
+    assert [e.key for e in p.errors] == ["layout.zero"]
+    assert plan_of(*SMALL, "trainer=torchtitan", "layout.pp=2", "schedule=dualpipev", "layout.tp=2").valid
+
+
+# ---- rendered arguments ------------------------------------------------------------------
+def _preview(cli, trainer: str) -> str:
+    r = cli("recipe=llama3_405b", f"trainer={trainer}", "launcher=slurm", "launcher.submit=false", "figures=false",
+            "training.checkpoint.every=500")
+    assert r.returncode == 0, r.stderr[-3000:]
+    srun = (cli.dir / "slurm" / "preview.srun").read_text()
+    assert srun.strip() in r.stdout  # shown, not only written
+    return srun.split(" -- ", 1)[1].replace(str(cli.dir), "RUN")
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(cli, trainer):
+    line = _preview(cli, trainer)
+    golden = ROOT / "tests" / "golden" / f"trainer_{trainer}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(line)
+    assert line == golden.read_text()
+    f = flags(line.split())
+    if trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
+        assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "16"
+        assert f["--parallelism.data_parallel_shard_degree"] == "64"
+        assert f["--training.local_batch_size"] == str(2048 // 64)
+        toml = (cli.dir / "torchtitan.toml").read_text()
+        parts = re.findall(r"\[([^\[\]]*)\]", toml.split("=", 1)[1])
+        assert len(parts) == 16 * 7 and parts[0].startswith('"tok_embeddings", "layers.0"')
+        assert sum(p.count("layers.") for p in parts) == 126
+    else:
+        assert f["--tensor-model-parallel-size"] == "8" and f["--pipeline-model-parallel-size"] == "16"
+        assert f["--global-batch-size"] == "2048" and f["--num-layers"] == "126"
+        # Megatron's parse_str_to_list (megatron/core/transformer/pipeline_parallel_layer_layout.py:283-320)
+        text = f["--pipeline-model-parallel-layout"].replace(",", "")
+        for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+            text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+        stages = text.split("|")
+        plan = plan_of("recipe=llama3_405b", "trainer=megatron", "launcher=slurm").layout
+        assert [s.count("t") for s in stages] == [b - a for a, b in plan.virtual_stages()]
+        assert stages[0].startswith("E") and stages[-1].endswith("L")
+
+
+def test_megatron_names_are_cited_and_match_its_source():
+    from orchestrator.plan import megatron, trainers
+
+    for extra in ([], ["model=tiny_moe", "layout.ep=4", "layout.zero=1",
+                       "training.recompute=full", "training.recompute_layers=2", "layout.pp=2"]):
+        p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "training.checkpoint.every=10", *extra)
+        names = {a.split("=")[0] for a in trainers.argv(p.to_json(), Path("/RUN")) if a.startswith("--")}
+        assert names <= set(megatron.CITED), names - set(megatron.CITED)
+    root = os.environ.get("MEGATRON_LM")
+    if not root:
+        pytest.skip(f"set MEGATRON_LM to a Megatron-LM checkout at {megatron.COMMIT[:10]} to check the citations")
+    import megatron_names
+
+    found = megatron_names.names(Path(root))
+    assert {k: found.get(k) for k in megatron.CITED} == megatron.CITED
+
+
+def test_torchtitan_names_match_its_config_classes():
+    from orchestrator.plan import torchtitan, trainers
+
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None:
+        pytest.skip(f"torchtitan is not installed (checked against torchtitan=={torchtitan.VERSION}: "
+                    f"pip install --no-deps torchtitan=={torchtitan.VERSION})")
+    path = Path(spec.submodule_search_locations[0]) / "config" / "job_config.py"
+    mod_spec = importlib.util.spec_from_file_location("tt_job_config", path)  # dataclasses only: no torch
+    jc = importlib.util.module_from_spec(mod_spec)
+    sys.modules["tt_job_config"] = jc
+    mod_spec.loader.exec_module(jc)
+    sections = {f.name: f.default_factory() for f in dataclasses.fields(jc.JobConfig)}
+    base = [*SMALL, "layout.tp=2"]
+    for case in (base, [*base, "layout.pp=2", "schedule=dualpipev", "training.recompute=selective"],
+                 ["recipe=llama3_405b", "launcher=slurm"], [*base, "model=tiny_moe", "layout.ep=4"]):
+        p = plan_of(*case, "trainer=torchtitan", "training.checkpoint.every=10")
+        assert p.valid, p.errors
+        for a in trainers.argv(p.to_json(), Path("/RUN")):
+            if not a.startswith("--"):
+                continue
+            key, _, value = a[2:].partition("=")
+            section, field = key.split(".")
+            obj = sections[section]
+            assert hasattr(obj, field), a
+            default = getattr(obj, field)
+            if isinstance(default, bool):
+                assert value == "", a  # booleans are bare flags
+            elif isinstance(default, int):
+                int(value)
+            hint = {f.name: f.type for f in dataclasses.fields(obj)}[field]
+            if "Literal" in str(hint):
+                assert repr(value) in str(hint), (a, hint)
+
+
+# ---- placement: the framework's own groups, built from RANK as the framework builds them ---
+def _plan_groups(pj: dict, members) -> set:
+    from orchestrator.plan.topology import RankGrid
+
+    g = RankGrid(pj["ranks"]["sizes"], pj["ranks"]["order"])
+    key = lambda p: tuple(v for a, v in sorted(members(g.coords(p)).items()))  # noqa: E731
+    out: dict = {}
+    for p in range(g.world):
+        out.setdefault(key(p), set()).add(p)
+    return {frozenset(v) for v in out.values()}
+
+
+def _groups_along(cube: np.ndarray, axes: tuple[int, ...]) -> list[list[int]]:
+    rest = [i for i in range(cube.ndim) if i not in axes]
+    return np.transpose(cube, rest + list(axes)).reshape(-1, int(np.prod([cube.shape[a] for a in axes]))).tolist()
+
+
+def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
+    """Every framework group (of RANKs) maps onto the positions of one plan group; TP on one node."""
+    from orchestrator.plan.trainers import rank_map
+
+    ranks = rank_map(pj)
+    assert sorted(ranks) == list(range(len(ranks)))
+    pos = {r: p for p, r in enumerate(ranks)}
+    shard = pj["layout"]["dp_shard"] if pj["layout"]["zero"] else 1
+    plan = {"tp": lambda c: {k: c[k] for k in c if k != "tp"}, "cp": lambda c: {k: c[k] for k in c if k != "cp"},
+            "pp": lambda c: {k: c[k] for k in c if k != "pp"}, "dp": lambda c: {k: c[k] for k in c if k != "dp"},
+            "dps": lambda c: {**{k: c[k] for k in c if k != "dp"}, "r": c["dp"] // shard},
+            "dpr": lambda c: {**{k: c[k] for k in c if k != "dp"}, "s": c["dp"] % shard}}
+    for axis, groups in fw_groups.items():
+        mine = {frozenset(pos[r] for r in g) for g in groups}
+        assert mine == _plan_groups(pj, plan[axis]), axis
+    for g in fw_groups["tp"]:
+        assert len({pos[r] // gpn for r in g}) == 1, g
+
+
+LAYOUTS = [["layout.tp=2", "layout.pp=2"], ["layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"],
+           ["layout.tp=4", "layout.pp=2", "layout.order=tp-pp-dp"], ["layout.tp=2", "layout.cp=2", "layout.pp=2"],
+           ["layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ["layout.tp=8"], ["layout.pp=4", "layout.tp=2"]]
+
+
+@pytest.mark.parametrize("extra", LAYOUTS, ids=lambda e: " ".join(e))
+def test_torchtitan_groups_from_rank_are_the_plans(extra):
+    """torchtitan (pd.py _build_mesh_without_ep) calls init_device_mesh over the dims pp,
+    dp_replicate, dp_shard, cp, tp; torch lays RANKs out as arange(world).view(dims)
+    (torch/distributed/device_mesh.py, init_device_mesh)."""
+    from orchestrator.plan.trainers import argv
+
+    p = plan_of(*SMALL, "trainer=torchtitan", *extra)
+    if not p.valid:
+        pytest.skip(f"not a torchtitan layout: {p.errors[0]}")
+    pj = p.to_json()
+    f = flags(argv(pj, Path("/RUN")))
+    dims = [int(f[f"--parallelism.{k}"]) for k in ("pipeline_parallel_degree", "data_parallel_replicate_degree",
+                                                    "data_parallel_shard_degree", "context_parallel_degree",
+                                                    "tensor_parallel_degree")]
+    cube = np.arange(int(np.prod(dims))).reshape(dims)
+    _check(pj, {"pp": _groups_along(cube, (0,)), "dpr": _groups_along(cube, (1,)), "dps": _groups_along(cube, (2,)),
+                "dp": _groups_along(cube, (1, 2)), "cp": _groups_along(cube, (3,)), "tp": _groups_along(cube, (4,))},
+           p.spec.hardware.gpus_per_node)
+
+
+@pytest.mark.parametrize("extra", LAYOUTS[:4] + [["model=tiny_moe", "layout.ep=4",
+                                                   "layout.tp=2", "layout.pp=2", "layout.zero=1"]],
+                         ids=lambda e: " ".join(e))
+def test_megatron_groups_from_rank_are_the_plans(extra):
+    """Megatron's RankGenerator from the rendered sizes and its order ('tp-cp-ep-pp-dp' when
+    --use-tp-pp-dp-mapping is rendered, initialize.py:395), as tests/megatron_ref.py ports it."""
+    from orchestrator.plan.trainers import argv, rank_map
+
+    p = plan_of(*SMALL, "trainer=megatron", *extra)
+    assert p.valid, p.errors
+    pj = p.to_json()
+    args = argv(pj, Path("/RUN"))
+    f = flags(args)
+    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
+    tp, cp, pp = (int(f[f"--{k}-size"]) for k in ("tensor-model-parallel", "context-parallel", "pipeline-model-parallel"))
+    ep, etp = int(f.get("--expert-model-parallel-size", 1)), int(f.get("--expert-tensor-parallel-size", tp))
+    dense, expert = grids(p.world_size, tp, cp, pp, ep, etp)
+    _check(pj, {a: rank_groups(order, dense, a) for a in ("tp", "cp", "dp", "pp")}, p.spec.hardware.gpus_per_node)
+    if ep > 1:
+        pos = {r: q for q, r in enumerate(rank_map(pj))}
+        mine = {frozenset(pos[r] for r in g) for g in rank_groups(order, expert, "ep")}
+        assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+
+
+# ---- the example under trainer=command, through a node loss ---------------------------------
+def _uninterrupted(plan_json: dict, steps: int, lr: float) -> list[float]:
+    """One process, no torch.distributed: the example's model and data, the whole global batch."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("train_fsdp", ROOT / "examples" / "train_fsdp.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    cfg = plan_json["config"]
+    model = ex.model_for(cfg)
+    vocab = model[0].num_embeddings
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=1e-6)
+    out = []
+    for step in range(steps):
+        tokens = ex.batch(step, cfg, vocab)
+        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(float(loss))
+    return out
+
+
+def test_the_example_trains_under_trainer_command_through_a_node_loss(cli):
+    import json
+
+    steps = 10
+    r = cli("hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=2", "model=tiny", f"training.steps={steps}",
+            "training.global_batch=8", "training.checkpoint.every=2", "launcher=local", "figures=false",
+            "trainer=command", "trainer.command='python examples/train_fsdp.py --lr 1e-2'",
+            "fault.kill_node=1", "fault.at_step=5", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = cli.dir
+    (event,) = json.loads((run / "failover.json").read_text())
+    assert event["mode"] == "restart" and event["new_layout"]["dp"] == 2 and event["resumed_from_step"] == 4
+    assert "built-in runtime" in event["why_not_in_place"]
+    assert "resumed from step 4" in (run / "attempt1" / "logs" / "rank0.log").read_text()
+    attempts = [json.loads(x)["attempt"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert set(attempts) == {0, 1}
+    ref = _uninterrupted(json.loads((run / "plan.json").read_text()), steps, 1e-2)
+    got = losses_by_step(run)
+    assert sorted(got) == list(range(steps))
+    assert np.allclose([got[s] for s in range(steps)], ref, rtol=2e-5, atol=0), (got, ref)
+    assert ref[-1] < ref[0] - 0.1  # it learns
