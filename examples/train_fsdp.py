@@ -60,9 +60,12 @@ def main() -> None:
     cfg, lay = plan["config"], plan["layout"]
     if lay["tp"] * lay["cp"] * lay["pp"] != 1:
         raise SystemExit(f"this example shards over data parallelism only; the plan has {lay['label']}")
+    device = cfg["hardware"]["device"]  # cpu (gloo) or cuda (NCCL): one GPU per rank, LOCAL_RANK's
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     mesh = runtime.device_mesh()
     dp = mesh["dp"]
-    model = model_for(cfg)
+    model = model_for(cfg).to(device)
     vocab = model[0].num_embeddings
     for layer in (model[1], model[3], model[5]):
         fully_shard(layer, mesh=dp)
@@ -79,7 +82,7 @@ def main() -> None:
         print(f"resumed from step {start} ({ckpt})", flush=True)
     rank, per = dp.get_local_rank(), tr["global_batch"] // dp.size()
     for step in range(start, tr["steps"]):
-        tokens = batch(step, cfg, vocab)[rank * per:(rank + 1) * per]
+        tokens = batch(step, cfg, vocab)[rank * per:(rank + 1) * per].to(device)
         logits = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         opt.zero_grad()

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.launch.processes import LocalJob
-from orchestrator.plan import torchtitan
+import orchestrator.plan.torchtitan as torchtitan
 from orchestrator.plan.trainers import argv as render_argv
 from orchestrator.plan.trainers import external, rank_map
 

@@ -39,7 +39,8 @@ CITED = {
     "--kv-channels": f"{TC}:184", "--swiglu": f"{ARGS}:2450", "--untie-embeddings-and-output-weights": f"{ARGS}:2460",
     "--num-experts": f"{ARGS}:3518", "--moe-router-topk": f"{TC}:760", "--moe-ffn-hidden-size": f"{TC}:740",
     "--moe-shared-expert-intermediate-size": f"{TC}:701", "--fp8-format": f"{TC}:587",
-    "--overlap-grad-reduce": f"{ARGS}:3121", "--num-distributed-optimizer-instances": f"{ARGS}:3216", "--overlap-param-gather": f"{ARGS}:3148",
+    "--overlap-grad-reduce": f"{ARGS}:3121", "--overlap-param-gather": f"{ARGS}:3148",
+    "--num-distributed-optimizer-instances": f"{ARGS}:3216",
 }
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP (arguments.py:3190)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config, TrainerName
-from orchestrator.plan import megatron, torchtitan
+import orchestrator.plan.megatron as megatron
+import orchestrator.plan.torchtitan as torchtitan
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.topology import RankGrid
 
@@ -36,7 +37,8 @@ def external(spec_or_json) -> bool:
 def trainer_name(spec_or_json) -> TrainerName:
     if isinstance(spec_or_json, dict):
         return TrainerName(spec_or_json["config"].get("trainer", {}).get("name", "orchestrator"))
-    return spec_or_json.trainer.name
+    spec = getattr(spec_or_json, "spec", spec_or_json)  # a Plan or its Config
+    return spec.trainer.name
 
 
 def words_problem(key: str, text: str) -> tuple[list[str], Problem | None]:
