@@ -290,3 +290,47 @@ def test_the_example_trains_under_trainer_command_through_a_node_loss(cli):
     assert sorted(got) == list(range(steps))
     assert np.allclose([got[s] for s in range(steps)], ref, rtol=2e-5, atol=0), (got, ref)
     assert ref[-1] < ref[0] - 0.1  # it learns
+
+
+# ---- failover and srun: arguments rendered again, torchrun's environment from SLURM's -------
+@pytest.mark.parametrize("trainer,dp_flag", [("torchtitan", "--parallelism.data_parallel_shard_degree"),
+                                             ("megatron", None)])
+def test_after_a_node_loss_the_arguments_are_rendered_for_the_survivors(trainer, dp_flag):
+    from orchestrator.plan.replan import replan_on_survivors
+    from orchestrator.plan.trainers import argv
+
+    p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=8", "training.checkpoint.every=10")
+    rp = replan_on_survivors(p, 3)
+    assert rp.plan is not None and rp.plan.layout.dp < p.layout.dp
+    before, after = flags(argv(p.to_json(), Path("/RUN"))), flags(argv(rp.plan.to_json(), Path("/RUN/attempt1")))
+    if dp_flag:
+        assert (before[dp_flag], after[dp_flag]) == (str(p.layout.dp), str(rp.plan.layout.dp))
+        assert before["--checkpoint.folder"] == after["--checkpoint.folder"] == "/RUN/checkpoints"  # resumes its own
+    else:  # Megatron derives dp from the world; the batch stays, the checkpoint is the same
+        assert before["--global-batch-size"] == after["--global-batch-size"] == "64"
+        assert before["--load"] == after["--load"] == "/RUN/checkpoints"
+
+
+def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
+    import json
+    import subprocess
+
+    from orchestrator.plan.trainers import rank_map
+
+    p = plan_of(*SMALL, "trainer=torchtitan", "layout.tp=2", "layout.pp=2", "layout.order=[tp,pp,dp]")
+    pj = p.to_json()
+    (tmp_path / "plan.json").write_text(json.dumps(pj))
+    ranks = rank_map(pj)
+    assert ranks != sorted(ranks)  # torchtitan's pp is outermost, the plan's inside dp
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ORCH_PLAN", "ORCH_RUN_DIR"]
+    show = f"import os, json; print(json.dumps({{k: os.environ.get(k) for k in {keys!r}}}))"
+    for pos in (9, 31):
+        env = dict(os.environ, SLURM_PROCID=str(pos), SLURM_NTASKS="32", SLURM_NNODES="4", SLURM_NODEID=str(pos // 8),
+                   SLURM_LOCALID=str(pos % 8), ORCH_RUN_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+        r = subprocess.run([sys.executable, "-m", "orchestrator.launch.trainers", str(tmp_path), "--", "python", "-c",
+                            show], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        assert got == {"RANK": str(ranks[pos]), "LOCAL_RANK": str(pos % 8), "WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8",
+                       "GROUP_RANK": str(pos // 8), "ORCH_PLAN": str(tmp_path / "plan.json"),
+                       "ORCH_RUN_DIR": str(tmp_path)}
