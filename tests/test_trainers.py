@@ -196,12 +196,13 @@ def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
         assert len({pos[r] // gpn for r in g}) == 1, g
 
 
+MOE = [["model=tiny_moe", "layout.ep=4", "layout.tp=2"], ["model=tiny_moe", "layout.ep=2", "layout.tp=2", "layout.pp=2"]]
 LAYOUTS = [["layout.tp=2", "layout.pp=2"], ["layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"],
            ["layout.tp=4", "layout.pp=2", "layout.order=tp-pp-dp"], ["layout.tp=2", "layout.cp=2", "layout.pp=2"],
            ["layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ["layout.tp=8"], ["layout.pp=4", "layout.tp=2"]]
 
 
-@pytest.mark.parametrize("extra", LAYOUTS, ids=lambda e: " ".join(e))
+@pytest.mark.parametrize("extra", LAYOUTS + MOE, ids=lambda e: " ".join(e))
 def test_torchtitan_groups_from_rank_are_the_plans(extra):
     """torchtitan (pd.py _build_mesh_without_ep) calls init_device_mesh over the dims pp,
     dp_replicate, dp_shard, cp, tp; torch lays RANKs out as arange(world).view(dims)
@@ -209,8 +210,7 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
     from orchestrator.plan.trainers import argv
 
     p = plan_of(*SMALL, "trainer=torchtitan", *extra)
-    if not p.valid:
-        pytest.skip(f"not a torchtitan layout: {p.errors[0]}")
+    assert p.valid, p.errors
     pj = p.to_json()
     f = flags(argv(pj, Path("/RUN")))
     dims = [int(f[f"--parallelism.{k}"]) for k in ("pipeline_parallel_degree", "data_parallel_replicate_degree",
@@ -220,6 +220,16 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
     _check(pj, {"pp": _groups_along(cube, (0,)), "dpr": _groups_along(cube, (1,)), "dps": _groups_along(cube, (2,)),
                 "dp": _groups_along(cube, (1, 2)), "cp": _groups_along(cube, (3,)), "tp": _groups_along(cube, (4,))},
            p.spec.hardware.gpus_per_node)
+    ep = int(f["--parallelism.expert_parallel_degree"])
+    if ep > 1:  # pd.py _build_mesh_with_ep (etp=1): dp_shard = mod_ep x in_ep, ep = flatten(in_ep, cp, tp)
+        pp_, dpr, dps, cp, tp = dims
+        inner = ep // (cp * tp)
+        cube = np.arange(int(np.prod(dims))).reshape(pp_, dpr, dps // inner, inner, cp, tp)
+        from orchestrator.plan.trainers import rank_map
+
+        pos = {r: q for q, r in enumerate(rank_map(pj))}
+        mine = {frozenset(pos[r] for r in g) for g in _groups_along(cube, (3, 4, 5))}
+        assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
 
 
 @pytest.mark.parametrize("extra", LAYOUTS[:4] + [["model=tiny_moe", "layout.ep=4",
