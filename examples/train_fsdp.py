@@ -8,7 +8,9 @@ FSDP2 over the plan's data-parallel group (orchestrator.runtime.device_mesh()["d
 small language model of the plan's vocabulary and width, DCP checkpoints in the run
 directory (RUN_DIR/checkpoints/step_NNNNNNNN/, COMPLETE written last) and resume from the
 newest complete one, so a relaunch after a lost node (on fewer ranks: DCP reshards) goes on
-where it left off. The data is synthetic and keyed by step: every layout sees the same global
+where it left off. SIGUSR2 or SIGTERM (SLURM: time limit, preemption) makes every rank save at
+the next step boundary and exit with status 3: the job requeues and resumes from that save.
+The data is synthetic and keyed by step: every layout sees the same global
 batch at the same step, so a resumed run has the losses of an uninterrupted one. Rank 0
 appends {"step", "loss", "attempt", "dp"} to RUN_DIR/metrics.jsonl.
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -52,6 +56,17 @@ def latest(ckpt: str) -> int | None:
     return max(steps, default=None)
 
 
+EXIT_STOPPED = 3  # saved on request: the SLURM supervisor requeues the job (orchestrator/launch/srun.py)
+
+
+def save(model, opt, path: str) -> None:
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        open(f"{path}/COMPLETE", "w").close()  # written last: only complete saves are resumed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -80,6 +95,9 @@ def main() -> None:
         dcp.load(state, checkpoint_id=f"{ckpt}/step_{start:08d}")
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         print(f"resumed from step {start} ({ckpt})", flush=True)
+    stop = torch.zeros(1)
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.fill_(1))
     rank, per = dp.get_local_rank(), tr["global_batch"] // dp.size()
     for step in range(start, tr["steps"]):
         tokens = batch(step, cfg, vocab)[rank * per:(rank + 1) * per].to(device)
@@ -96,14 +114,15 @@ def main() -> None:
                 f.write(json.dumps({"step": step, "loss": mean, "attempt": runtime.attempt(), "dp": dp.size(),
                                     "time": time.time()}) + "\n")
             print(f"step {step + 1}/{tr['steps']} | loss {mean:.6f}", flush=True)
-        every = tr["checkpoint"]["every"]
-        if every and ((step + 1) % every == 0 or step + 1 == tr["steps"]):
-            msd, osd = get_state_dict(model, opt)
-            path = f"{ckpt}/step_{step + 1:08d}"
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+        every, asked = tr["checkpoint"]["every"], stop.clone()
+        dist.all_reduce(asked, op=dist.ReduceOp.MAX)  # any rank signalled: all save at this boundary
+        if asked.item() or (every and ((step + 1) % every == 0 or step + 1 == tr["steps"])):
+            save(model, opt, f"{ckpt}/step_{step + 1:08d}")
+        if asked.item() and step + 1 < tr["steps"]:
+            print(f"stopping after step {step + 1}: saved, the job resumes from here", flush=True)
             dist.barrier()
-            if dist.get_rank() == 0:
-                open(f"{path}/COMPLETE", "w").close()
+            dist.destroy_process_group()
+            sys.exit(EXIT_STOPPED)
     dist.barrier()  # gloo and DCP exit cleanly only after everyone is done
     dist.destroy_process_group()
 

@@ -275,7 +275,7 @@ def _uninterrupted(plan_json: dict, steps: int, lr: float) -> list[float]:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        out.append(float(loss))
+        out.append(float(loss.detach()))
     return out
 
 
