@@ -344,3 +344,42 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
         assert got == {"RANK": str(ranks[pos]), "LOCAL_RANK": str(pos % 8), "WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8",
                        "GROUP_RANK": str(pos // 8), "ORCH_PLAN": str(tmp_path / "plan.json"),
                        "ORCH_RUN_DIR": str(tmp_path)}
+
+
+def _standin_expert_groups(p, trainer: str) -> set:
+    """The framework's EP groups from RANK (torchtitan: pd.py _build_mesh_with_ep with etp=1;
+    Megatron: its expert RankGenerator, megatron_ref.grids), as positions on the plan's GPUs."""
+    from orchestrator.plan.trainers import argv, rank_map
+
+    pj = p.to_json()
+    f, lay = flags(argv(pj, Path("/RUN"))), pj["layout"]
+    pos = {r: q for q, r in enumerate(rank_map(pj))}
+    if trainer == "megatron":
+        order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
+        _, expert = grids(p.world_size, lay["tp"], lay["cp"], lay["pp"], lay["ep"], lay["etp"])
+        groups = rank_groups(order, expert, "ep")
+    else:
+        tp, cp, ep, shard = lay["tp"], lay["cp"], lay["ep"], lay["dp_shard"]
+        inner = ep // (cp * tp)
+        cube = np.arange(p.world_size).reshape(lay["pp"], lay["dp_replicate"], shard // inner, inner, cp, tp)
+        groups = _groups_along(cube, (3, 4, 5))
+    return {frozenset(pos[r] for r in g) for g in groups}
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli):
+    from orchestrator.plan.trainers import placement_problems
+
+    seen = set()
+    for extra in (["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
+                  ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
+                  ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]):
+        p = plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra)
+        assert p.valid, p.errors
+        same = _standin_expert_groups(p, trainer) == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+        assert bool(placement_problems(p)) == (not same), extra
+        seen.add(same)
+    assert seen == {True, False}
+    r = cli(*SMALL, "model=tiny_moe", f"trainer={trainer}", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]",
+            "launcher.submit=false", "figures=false")
+    assert r.returncode == 2 and "[layout.order, layout.ep]" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -159,3 +159,11 @@ def framework_rank(coords: dict, plan_json: dict) -> int:
     lay = plan_json["layout"]
     sizes = {"tp": lay["tp"], "cp": lay["cp"], "ep": 1, "dp": lay["dp"], "pp": lay["pp"]}
     return RankGrid(sizes, order_of(plan_json).split("-")).rank(coords)
+
+
+def expert_groups(plan_json: dict) -> list[list[int]]:
+    """Megatron's expert-parallel groups, in RANKs: its expert RankGenerator (etp in tp's slot,
+    edp in dp's, cp 1) with the same order string."""
+    lay = plan_json["layout"]
+    sizes = {"tp": lay["etp"], "cp": 1, "ep": lay["ep"], "dp": lay["edp"], "pp": lay["pp"]}
+    return RankGrid(sizes, order_of(plan_json).split("-")).groups("ep").tolist()

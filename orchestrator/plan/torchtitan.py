@@ -203,4 +203,18 @@ def framework_rank(coords: dict, plan_json: dict) -> int:
     return r
 
 
+def expert_groups(plan_json: dict) -> list[list[int]]:
+    """torchtitan's expert-parallel groups, in RANKs (pd.py _build_mesh_with_ep): dp_shard
+    splits into mod_ep x in_ep and ep flattens in_ep, cp and (with etp=1) tp."""
+    import numpy as np
+
+    lay = plan_json["layout"]
+    tp, cp, ep, etp, shard = lay["tp"], lay["cp"], lay["ep"], lay["etp"], lay["dp_shard"]
+    inner = ep // cp if etp == tp else ep // (cp * tp)
+    cube = np.arange(lay["pp"] * lay["dp"] * cp * tp).reshape(lay["pp"], lay["dp"] // shard, shard // inner, inner, cp, tp)
+    axes = [3, 4] if etp == tp else [3, 4, 5]  # each group: ep ranks
+    rest = [i for i in range(6) if i not in axes]
+    return np.transpose(cube, rest + axes).reshape(-1, ep).tolist()
+
+
 assert set(SCHEDULE_NAMES) <= set(SCHEDULES)

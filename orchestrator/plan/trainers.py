@@ -123,3 +123,20 @@ def rank_map(plan_json: dict) -> list[int]:
     if fw is None:
         return list(range(grid.world))
     return [fw.framework_rank(grid.coords(p), plan_json) for p in range(grid.world)]
+
+
+def placement_problems(plan) -> list[Problem]:
+    """A framework's expert-parallel groups must be the plan's too: its dense groups are made
+    the plan's by rank_map, and its expert groups follow from the same RANKs."""
+    fw = FRAMEWORKS.get(trainer_name(plan))
+    if fw is None or plan.layout is None or plan.layout.ep == 1 or not plan.valid:
+        return []
+    pj = plan.to_json()
+    pos = {r: p for p, r in enumerate(rank_map(pj))}
+    theirs = {frozenset(pos[r] for r in g) for g in fw.expert_groups(pj)}
+    if theirs == {frozenset(g) for g in plan.expert_grid().groups("ep").tolist()}:
+        return []
+    return [Problem("layout.order, layout.ep", f"with the plan's order {'-'.join(plan.order)}, "
+                    f"{trainer_name(plan).value} would build expert-parallel groups other than the plan's (it "
+                    f"carves them from its own rank order).", "use layout.order=auto, or an order with ep "
+                    "inside dp and pp outermost (e.g. layout.order=tp-cp-ep-dp-pp).")]
