@@ -233,3 +233,37 @@ def test_preview_writes_the_exact_batch_script_and_srun_line_in_a_container(tmp_
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_your_own_program_is_requeued_on_preemption_and_resumes_from_its_checkpoint(cluster, tmp_path):
+    """trainer=command on 2 nodes x 2: examples/train_fsdp.py under srun (torchrun's environment
+    from SLURM's, launch/trainers.py); preempted mid-run (TERM, then USR2), every rank saves and
+    exits 3, the job requeues itself and resumes from the program's own DCP checkpoint, ending
+    with the losses of an uninterrupted single-process run."""
+    import numpy as np
+    import submitit
+
+    from test_trainers import _uninterrupted
+
+    steps, run = 16, tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "hardware=cpu", "model=tiny", "figures=false",
+                             "launcher=slurm", "launcher.wait=true", "cluster.nodes=2", "hardware.gpus_per_node=2",
+                             f"training.steps={steps}", "training.global_batch=8", "training.checkpoint.every=4",
+                             "trainer=command", f"trainer.command='python {ROOT}/examples/train_fsdp.py --lr 1e-2'",
+                             f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and
+                                                len((run / "metrics.jsonl").read_text().splitlines()) >= 5):
+        time.sleep(0.3)
+    rec = json.loads((run / "slurm_jobs.jsonl").read_text().splitlines()[0])
+    submitit.SlurmJob(folder=rec["folder"], job_id=rec["job_id"])._interrupt()  # preemption: TERM then USR2
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-3000:]
+    assert json.loads((run / "requeues.json").read_text())["count"] == 1
+    logs = "".join(f.read_text() for f in run.rglob("logs/rank*.log"))
+    assert "stopping after step" in logs and "resumed from step" in logs
+    got = losses_by_step(run)
+    ref = _uninterrupted(json.loads((run / "plan.json").read_text()), steps, 1e-2)
+    assert sorted(got) == list(range(steps))
+    assert np.allclose([got[s] for s in range(steps)], ref, rtol=2e-5, atol=0)

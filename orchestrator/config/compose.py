@@ -72,6 +72,9 @@ def compose(overrides: list[str] | None = None, config_name: str = "config", hyd
     for _ in range(len(todo) + 1):
         try:
             cfg = _hydra_compose(app, todo, config_name)
+            stack = trainer_stack(cfg, todo)
+            if stack:  # trainer=torchtitan plans as stack=torchtitan unless stack= is given
+                cfg = _hydra_compose(app, todo + [f"stack={stack}"], config_name)
             problems += unknown_keys(cfg)
             break
         except Exception as e:  # Hydra's and OmegaConf's errors become the project's own
@@ -89,6 +92,14 @@ def compose(overrides: list[str] | None = None, config_name: str = "config", hyd
     if problems:
         raise ConfigError(problems, partial=cfg)
     return cfg
+
+
+def trainer_stack(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """The stack the chosen trainer plans on, when the command line names none (a recipe's
+    stack gives way to the trainer's: it is the framework that will run)."""
+    stack = OmegaConf.select(cfg, "trainer.stack", default=None)
+    given = any(o.lstrip("+~").split("=", 1)[0] == "stack" for o in overrides)
+    return None if given or not stack or stack == OmegaConf.select(cfg, "stack.name") else str(stack)
 
 
 _app: dict = {}  # the Hydra this process made for the config tree, and the --config-dir it was made with

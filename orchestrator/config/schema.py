@@ -372,6 +372,26 @@ class SearchConfig:
     top: int = 5
 
 
+class TrainerName(str, Enum):
+    orchestrator = "orchestrator"  # this project's runtime (python -m orchestrator.train.worker)
+    torchtitan = "torchtitan"  # torchtitan's train.py, its CLI overrides rendered from the plan
+    megatron = "megatron"  # Megatron-LM's pretrain_gpt.py, its arguments rendered from the plan
+    command = "command"  # any torchrun-compatible program (torchrun's environment + ORCH_PLAN)
+
+
+@dataclass
+class TrainerConfig:
+    """What each rank runs (orchestrator/plan/trainers.py, orchestrator/launch/trainers.py).
+    For torchtitan and megatron `command` is the entry point and the arguments rendered from
+    the plan are appended to it, then `args`; for `command` it is the whole program."""
+
+    name: TrainerName = TrainerName.orchestrator
+    command: Optional[str] = None  # shell words, split with shlex and run without a shell
+    args: List[str] = field(default_factory=list)  # appended after the rendered arguments
+    stack: Optional[str] = None  # the stack it plans on unless stack= is given (torchtitan, megatron_core)
+    config_file: Optional[str] = None  # torchtitan: --job.config_file (the model and data it trains)
+
+
 def preset(group: str) -> Any:
     """The default option of a config group (conf/config.yaml's defaults list), read from its
     YAML preset: `Config()`'s defaults are the presets the command line composes, so
@@ -428,6 +448,7 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     published: Optional[PublishedConfig] = None
     recipe_name: Optional[str] = None
     figures: bool = True

@@ -29,8 +29,9 @@ class Launcher(ABC):
     def preflight(self) -> list[Problem]:
         """Problems found before anything is started or submitted (nothing is written)."""
         from orchestrator.launch.preflight import preflight
+        from orchestrator.plan.trainers import placement_problems
 
-        return preflight(self.spec, self.run_dir)
+        return placement_problems(self.plan) + preflight(self.spec, self.run_dir)
 
     @abstractmethod
     def submit(self) -> int:

@@ -38,6 +38,9 @@ def copy_size(plan) -> int:
 def why_not_in_place(plan) -> str | None:
     """Why this plan cannot lose a copy in place (None: it can)."""
     d, fo = plan.layout, plan.spec.failover
+    if plan.spec.trainer.name.value != "orchestrator":
+        return (f"in place needs the built-in runtime (trainer={plan.spec.trainer.name.value} restarts on the "
+                f"survivors and resumes from its own checkpoint)")
     if not fo.enabled or not fo.in_place:
         return "failover.in_place is off"
     if d.dp_replicate < 2:

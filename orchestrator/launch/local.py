@@ -22,6 +22,7 @@ from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, _die_with_parent
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
+from orchestrator.launch.trainers import local_job
 
 EXIT_LEFT = 5  # a copy the coordinator dismissed (orchestrator/train/trainer.py)
 
@@ -79,7 +80,7 @@ class LocalWorkers(Workers):
         self.current = list(active)
         if policy is not None:
             env.update(self._serve(policy, plan_dir))
-        self.job = LocalJob(plan_dir, nodes=len(active), gpus_per_node=gpn, env=env, echo=self.echo)
+        self.job = local_job(plan_dir, nodes=len(active), gpus_per_node=gpn, env=env, echo=self.echo)
         self.job.start()
         self.job.nodes_of[:] = [active[r // gpn] for r in range(self.job.world)]  # physical nodes
         if policy is not None:

@@ -21,6 +21,7 @@ from orchestrator.launch.status import steps_completed, write_status
 from orchestrator.plan import checkpoints as ckpt
 from orchestrator.plan.artifacts import write_plan
 from orchestrator.plan.replan import replan_on_survivors
+from orchestrator.plan.trainers import external  # other trainers restart (inplace.why_not_in_place)
 
 
 @dataclass
@@ -77,7 +78,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
         write_status(run_dir, state="running", attempt=attempt, next_attempt=attempt + 1, layout=plan.layout.label(),
                      nodes=alive, plan_dir=str(plan_dir))
         t_start = time.monotonic()
-        policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 else None
+        policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 and not external(plan) else None
         workers.start(attempt, plan_dir, alive, {"ORCH_RUN_DIR": str(run_dir), "ORCH_ATTEMPT": str(attempt)}, policy)
         record_attempt(run_dir, attempt, plan_dir, getattr(workers, "current", alive))
         outcome = workers.wait()

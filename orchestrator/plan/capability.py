@@ -6,7 +6,7 @@ refuses, naming what is missing, a model or layout the runtime would fail on.
 from __future__ import annotations
 
 from orchestrator.config.errors import Problem
-from orchestrator.config.schema import Config, Precision
+from orchestrator.config.schema import Config, Precision, TrainerName
 from orchestrator.plan.layout import Layout
 
 
@@ -14,10 +14,15 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
     m, tr = spec.model, spec.training
     out = []
     launcher = spec.launcher.name.value
+    if spec.trainer.name != TrainerName.orchestrator:  # an external trainer: its own limits (plan/trainers.py)
+        from orchestrator.plan.trainers import trainer_problems
+
+        return trainer_problems(spec, layout)
     if not spec.stack.runtime:
         out.append(Problem("stack", f"stack={spec.stack.name} plans a run as {spec.stack.name} trains it; "
                            f"launcher={launcher} starts this project's own runtime.",
-                           "use stack=orchestrator to train here, or launcher=dry to plan for that stack."))
+                           "use stack=orchestrator to train here, trainer=torchtitan or trainer=megatron to launch "
+                           "that framework, trainer=command for your own program, or launcher=dry to plan."))
     if layout.schedule.torch_class is None:
         runnable = "dualpipev" if layout.schedule.name == "dualpipe" else "1f1b"
         out.append(Problem("schedule.name", f"the runtime cannot run schedule={layout.schedule.name} "

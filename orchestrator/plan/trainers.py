@@ -1,0 +1,142 @@
+"""Trainers other than this project's runtime: which stacks each may train, what it refuses
+before launch, the command line each rank runs, and where each RANK goes. Torch-free.
+
+- `torchtitan` and `megatron` render the framework's own arguments from the plan
+  (plan/torchtitan.py, plan/megatron.py) after `trainer.command`, then `trainer.args`;
+- `command` runs `trainer.command` as it is (a torchrun-compatible program that reads the
+  plan through orchestrator.runtime).
+
+Placement: a framework builds its process groups from RANK in its own fixed order; the
+launcher gives the rank on each GPU the RANK whose framework coordinates are the plan's
+coordinates of that GPU (`rank_map`), so the framework's groups are the plan's groups on the
+plan's nodes. `command` and the built-in runtime build their meshes from the plan's explicit
+rank grid and keep RANK = the plan's rank.
+"""
+from __future__ import annotations
+
+import shlex
+import unicodedata
+from pathlib import Path
+
+from orchestrator.config.errors import Problem
+from orchestrator.config.schema import Config, TrainerName
+import orchestrator.plan.megatron as megatron
+import orchestrator.plan.torchtitan as torchtitan
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.topology import RankGrid
+
+FRAMEWORKS = {TrainerName.torchtitan: torchtitan, TrainerName.megatron: megatron}
+MAX_WORDS = 4096
+
+
+def external(spec_or_json) -> bool:
+    """True when the ranks run something other than the built-in runtime."""
+    return trainer_name(spec_or_json) != TrainerName.orchestrator
+
+
+def trainer_name(spec_or_json) -> TrainerName:
+    if isinstance(spec_or_json, dict):
+        return TrainerName(spec_or_json["config"].get("trainer", {}).get("name", "orchestrator"))
+    spec = getattr(spec_or_json, "spec", spec_or_json)  # a Plan or its Config
+    return spec.trainer.name
+
+
+def words_problem(key: str, text: str) -> tuple[list[str], Problem | None]:
+    """`text` split as shell words (run without a shell): control characters and unbalanced
+    quotes are refused, naming the key."""
+    bad = sorted({repr(c) for c in text if unicodedata.category(c) == "Cc"})
+    if bad:
+        return [], Problem(key, f"{text[:80]!r} holds control character(s) {', '.join(bad)}; each rank runs it as "
+                                f"shell words without a shell, so a newline or escape cannot be meant.",
+                           "write the program and its arguments on one line (a script on the cluster for anything "
+                           "more).")
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        return [], Problem(key, f"{text[:80]!r} does not split into shell words ({e}).",
+                           "balance the quotes; it is split with shlex and run without a shell.")
+    if not words or len(words) > MAX_WORDS:
+        return [], Problem(key, f"must be a program and its arguments (1 to {MAX_WORDS} words), got {len(words)}.",
+                           "e.g. trainer.command='python train.py --lr 3e-4'.")
+    return words, None
+
+
+def command_words(spec: Config) -> tuple[list[str], list[str], list[Problem]]:
+    """trainer.command and trainer.args as argv words, with every problem in them."""
+    t, head, tail, problems = spec.trainer, [], [], []
+    if not t.command:
+        problems.append(Problem("trainer.command", f"trainer={t.name.value} needs the program each rank runs.",
+                                "set trainer.command='python train.py --lr 3e-4' (shell words, no shell)."))
+    else:
+        words, p = words_problem("trainer.command", t.command)
+        head += words
+        problems += [p] if p else []
+    for i, a in enumerate(t.args):
+        words, p = words_problem(f"trainer.args[{i}]", str(a))
+        tail += words
+        problems += [p] if p else []
+    return head, tail, problems
+
+
+def trainer_problems(spec: Config, layout: Layout) -> list[Problem]:
+    """What a launcher refuses before it starts an external trainer."""
+    name = spec.trainer.name
+    *_, problems = command_words(spec)
+    fw = FRAMEWORKS.get(name)
+    if fw is not None:
+        if spec.stack.name not in fw.STACKS:
+            problems.append(Problem("stack, trainer", f"trainer={name.value} trains as {'/'.join(fw.STACKS)} does; "
+                                    f"stack={spec.stack.name} plans another framework's run.",
+                                    f"drop stack= (trainer={name.value} plans on stack={fw.STACKS[0]}), or use "
+                                    f"trainer=command for a program of your own."))
+        problems += fw.problems(spec, layout)
+    if spec.trainer.config_file is not None and name != TrainerName.torchtitan:
+        problems.append(Problem("trainer.config_file", "is torchtitan's --job.config_file.",
+                                "unset it, or put the file in trainer.args."))
+    return problems
+
+
+def run_dir_of(plan_dir: Path) -> Path:
+    """The run directory of a plan directory (RUN_DIR or RUN_DIR/attemptN)."""
+    plan_dir = Path(plan_dir)
+    return plan_dir.parent if plan_dir.name.startswith("attempt") else plan_dir
+
+
+def argv(plan_json: dict, plan_dir: Path) -> list[str]:
+    """The command line every rank of this attempt runs (the same on every rank)."""
+    from orchestrator.config.compose import typed
+
+    spec = typed(plan_json["config"])
+    head, tail, problems = command_words(spec)
+    if problems:
+        raise ValueError("; ".join(str(p) for p in problems))
+    fw = FRAMEWORKS.get(spec.trainer.name)
+    rendered = fw.render(plan_json, run_dir_of(plan_dir), Path(plan_dir)) if fw is not None else []
+    return head + rendered + tail
+
+
+def rank_map(plan_json: dict) -> list[int]:
+    """RANK for the GPU at each position (node * gpus_per_node + local index): the framework's
+    rank whose coordinates in the framework's own order are the plan's at that position."""
+    grid = RankGrid(plan_json["ranks"]["sizes"], plan_json["ranks"]["order"])
+    fw = FRAMEWORKS.get(trainer_name(plan_json))
+    if fw is None:
+        return list(range(grid.world))
+    return [fw.framework_rank(grid.coords(p), plan_json) for p in range(grid.world)]
+
+
+def placement_problems(plan) -> list[Problem]:
+    """A framework's expert-parallel groups must be the plan's too: its dense groups are made
+    the plan's by rank_map, and its expert groups follow from the same RANKs."""
+    fw = FRAMEWORKS.get(trainer_name(plan))
+    if fw is None or plan.layout is None or plan.layout.ep == 1 or not plan.valid:
+        return []
+    pj = plan.to_json()
+    pos = {r: p for p, r in enumerate(rank_map(pj))}
+    theirs = {frozenset(pos[r] for r in g) for g in fw.expert_groups(pj)}
+    if theirs == {frozenset(g) for g in plan.expert_grid().groups("ep").tolist()}:
+        return []
+    return [Problem("layout.order, layout.ep", f"with the plan's order {'-'.join(plan.order)}, "
+                    f"{trainer_name(plan).value} would build expert-parallel groups other than the plan's (it "
+                    f"carves them from its own rank order).", "use layout.order=auto, or an order with ep "
+                    "inside dp and pp outermost (e.g. layout.order=tp-cp-ep-dp-pp).")]
