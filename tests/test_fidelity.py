@@ -197,3 +197,77 @@ def test_the_planner_generalises_to_sources_it_was_not_fitted_on(evaluation):
     for fam, preds in evaluation.after_loso.items():  # no source family is predicted badly
         if any(p.row.use == "fit" for p in preds):
             assert _mae(preds)[0] < 0.07, fam
+
+
+def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evaluation):
+    """orchestrator/plan/mfu_interval.json is what benchmarks/calibration.py --write-intervals
+    computes from the leave-one-source-family-out predictions of the presets' fit; an interval
+    calibrated without a family's own residuals covers most of that family's runs."""
+    from orchestrator.plan.uncertainty import build_table, coverage, load
+
+    shipped = load()["groups"]
+    table = build_table([p for ps in evaluation.after_loso.values() for p in ps])["groups"]
+    assert set(table) == set(shipped)
+    for k, g in table.items():
+        assert g["rows"] == shipped[k]["rows"], k
+        assert g["lo"] == pytest.approx(shipped[k]["lo"], abs=0.01) and g["hi"] == pytest.approx(shipped[k]["hi"],
+                                                                                                  abs=0.01), k
+    cov = coverage(evaluation.after_loso)
+    nested, rows = sum(c[1] for c in cov.values()), sum(c[2] for c in cov.values())
+    assert rows >= 85 and 0.7 <= nested / rows <= 0.95  # an 80% interval, judged on families it never saw
+
+
+def test_every_gpu_prediction_carries_an_interval_in_the_report_and_plan_json():
+    from orchestrator.plan.report import render_table
+
+    for recipe in ("llama3_405b", "deepseek_v3", "llama3_405b_long_context"):
+        p = plan_of(f"recipe={recipe}")
+        lo, hi = p.mfu_interval
+        assert lo < p.mfu < hi and p.to_json()["mfu_interval"] == [lo, hi]
+        assert "MFU 80% interval" in render_table(p)
+    moe, cp = plan_of("recipe=deepseek_v3"), plan_of("recipe=llama3_405b_long_context")
+    assert moe.mfu_interval_basis.endswith("/moe") and cp.mfu_interval_basis.endswith("/cp")
+    assert (moe.mfu_interval[1] - moe.mfu_interval[0]) / moe.mfu > 0.2  # MoE runs are the least certain
+    cpu = plan_of("hardware=cpu", "model=tiny", "cluster.nodes=1")
+    assert cpu.mfu_interval is None and "MFU interval: none" in render_table(cpu)
+
+
+def test_the_search_ranks_by_the_low_end_of_the_interval_where_intervals_overlap():
+    from types import SimpleNamespace as NS
+
+    from orchestrator.plan.search import rank_key
+
+    def plan(mfu, lo, hi):
+        return NS(mfu=mfu, mfu_interval=[lo, hi], step=NS(wall_s=1.0 / mfu))
+
+    sure, unsure, far = plan(0.40, 0.37, 0.43), plan(0.41, 0.30, 0.45), plan(0.30, 0.27, 0.33)
+    assert sorted([unsure, far, sure], key=rank_key) == [sure, unsure, far]  # overlap: the surer wins
+    assert sorted([far, sure], key=rank_key) == [sure, far]  # apart: the faster prediction wins
+
+
+def test_megatron_counts_the_embedding_and_the_loss_as_pipeline_layers():
+    """Llama 3.1 405B (126 layers) on 256 GB200 with PP16 x VP8: 126 + embedding + loss = 128
+    virtual stages of one layer, the first holding only the embedding, the last only the loss
+    (Megatron-Core --account-for-embedding/loss-in-pipeline-split). Counting layers only, it
+    does not split, and the refusal names the stack's option."""
+    run = ["hardware=gb200", "fabric=nvl72", "model=llama3_405b", "cluster.nodes=64", "stack=megatron_core",
+           "layout.tp=4", "layout.pp=16", "layout.dp=4", "layout.vp=8", "schedule=interleaved_1f1b",
+           "training.seq_len=8192", "training.global_batch=64", "training.precision=fp8"]
+    p = plan_of(*run)
+    assert p.valid, [str(e) for e in p.errors]
+    chunks = p.layout.virtual_stages()
+    assert len(chunks) == 128 and chunks[0] == (0, 0) and chunks[-1] == (126, 126)
+    assert {b - a for a, b in chunks[1:-1]} == {1} and p.layout.stage_layers == [7] + [8] * 14 + [7]
+    refused = plan_of(*run, "stack.pipeline_accounting=layers")
+    (err,) = [e for e in refused.errors if "model.layers" in e.key]
+    assert "stack.pipeline_accounting=embedding_loss" in err.fix
+    even = plan_of(*run, "model.layers=128")  # auto: an even split stays as it is
+    assert even.valid and even.layout.virtual_stages()[0] == (0, 1)
+
+
+def test_the_stacks_expert_overlap_hides_no_more_than_the_compute_beside_it():
+    run = ["recipe=deepseek_v3", "stack=megatron_core", "schedule=1f1b", "training.recompute=full"]
+    off, on = plan_of(*run), plan_of(*run, "stack.ep_overlap=1")
+    assert on.step.wall_ep < off.step.wall_ep and on.mfu > off.mfu
+    slow = plan_of(*run, "stack.ep_overlap=1", "hardware.inter_node_gbps=0.5")  # all-to-all > compute
+    assert slow.step.wall_ep > 0 and slow.axes["ep"].hidden_s <= slow.step.wall_compute * (1 + 1e-9)

@@ -127,6 +127,15 @@ class PipelineRules(str, Enum):
     megatron = "megatron"  # Megatron-Core's (1F1B caps its warm-up and runs; interleaving needs m % pp == 0)
 
 
+class PipelineAccounting(str, Enum):
+    layers = "layers"  # only transformer layers fill the pipeline's virtual stages
+    # The embedding and the loss each take one layer's place: the first and last virtual stage
+    # build one transformer layer fewer (Megatron-Core --account-for-embedding-in-pipeline-split,
+    # --account-for-loss-in-pipeline-split)
+    embedding_loss = "embedding_loss"
+    auto = "auto"  # embedding_loss where the layers alone do not split evenly and with them they do
+
+
 class DPWindow(str, Enum):
     step = "step"  # dp_overlap x the step's compute (this runtime's first model)
     microbatch = "microbatch"  # the last micro-batch's backward and the next step's first forward
@@ -166,6 +175,9 @@ class StackConfig:
     ep_comm_sm_fraction: float = 0.0
     selective: Selective = Selective.orchestrator
     pipeline_rules: PipelineRules = PipelineRules.torch
+    # What fills the pipeline's virtual stages (PipelineAccounting): transformer layers only, or the
+    # embedding and the loss counted as one layer each (Megatron-Core's account-for options).
+    pipeline_accounting: PipelineAccounting = PipelineAccounting.layers
     # When data-parallel traffic can hide. `step`: behind dp_overlap x the step's whole compute
     # (this runtime's first model). `microbatch`: gradients are final only in the last
     # micro-batch, so their reduction hides behind that micro-batch's backward (model chunk by

@@ -386,7 +386,9 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
             if d.schedule.overlaps_ep:
                 # DualPipe overlaps one micro-batch's all-to-all with another's computation.
                 ep_hidden = min(ep, c)
-            ep_hidden = ep_hidden + (ep - ep_hidden) * ep_hide
+            # The stack's own overlap (Megatron-Core's EP all-to-all overlap) hides a share of the
+            # rest behind the other micro-batch's compute, never more than that compute.
+            ep_hidden = ep_hidden + min((ep - ep_hidden) * ep_hide, max(c - ep_hidden, 0.0))
             # The SMs the hidden all-to-all runs on are missing from the compute meanwhile.
             c = c + ep_hidden * sm / (1.0 - sm)
             per.append((c + tp + cp + ep - ep_hidden, c, tp, cp, ep - ep_hidden, ep_hidden))
