@@ -41,7 +41,8 @@ def test_the_stack_sets_gradient_bytes_sharding_and_overlaps():
     # Transformer Engine hides 80% of the TP traffic; Megatron 2021's DDP all-reduce stays exposed.
     assert core.axes["tp"].exposed_s == pytest.approx(0.2 * core.axes["tp"].seconds, rel=1e-6)
     old = plan_of(*MCORE_16B, "stack=megatron_2021")
-    assert old.step.wall_dp_exposed > 5 * core.step.wall_dp_exposed
+    # (Megatron-Core's bucketed reduce-scatters still pay the 48-rank ring's latency per bucket.)
+    assert old.step.wall_dp_exposed > 2 * core.step.wall_dp_exposed
     assert core.mfu > old.mfu
 
 

@@ -191,6 +191,10 @@ class StackConfig:
     # Parallel transformer block (attention and MLP side by side, GPT-J/PaLM/MegaScale): one
     # tensor-parallel collective per block and direction instead of two.
     parallel_block: bool = False
+    # Data-parallel collectives per round: 0 = one per layer (FSDP's units); > 0 = one per gradient
+    # bucket of max(this, 1M x dp) parameters (Megatron-Core's DDP: 40M; DeepSpeed: 5e8). ZeRO-3
+    # gathers per layer whatever the buckets.
+    dp_bucket_params: float = 0.0
 
 
 @dataclass
@@ -335,10 +339,10 @@ class CostConfig:
     kernel_model: Optional[KernelModel] = None
     # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
     # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
-    elementwise: float = 0.79  # weight of the memory-bound work (norms, activations, casts, softmax)
-    attention_efficiency: float = 0.577  # fraction of the bf16 peak flash attention's forward reaches
+    elementwise: float = 0.842  # weight of the memory-bound work (norms, activations, casts, softmax)
+    attention_efficiency: float = 0.576  # fraction of the bf16 peak flash attention's forward reaches
     fp8_gemm_efficiency: float = 1.0  # FP8 GEMMs' ceiling relative to the bf16 one (power, scaling)
-    launch_overhead_us: float = 17.979  # host time per kernel launch the GPU waits for (small kernels)
+    launch_overhead_us: float = 17.124  # host time per kernel launch the GPU waits for (small kernels)
 
 
 @dataclass

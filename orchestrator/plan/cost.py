@@ -232,9 +232,20 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
         nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
         rounds = (3.0 if d.zero == 3 else 2.0) if d.zero else 1.0
-        out[name] = AxisReport(name, size, collective, (rounds + (copies > 1)) * units if live else 0,
-                               nbytes if live else 0, hideable=True)
+        out[name] = AxisReport(name, size, collective, (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
+                               if live else 0, nbytes if live else 0, hideable=True)
     return out
+
+
+def _dp_units(spec, zero: int, weights: float, group: int, layers: int) -> float:
+    """Collectives per round: one per layer (FSDP's units, ZeRO-3), or one per gradient bucket
+    where the stack buckets (stack.dp_bucket_params: Megatron-Core's DDP uses buckets of
+    max(40M, 1M x dp) parameters, megatron/core/distributed/distributed_data_parallel.py, so
+    that calls stay few at scale; DeepSpeed's reduce_bucket_size is 5e8 elements)."""
+    bucket = _pos(getattr(_stack(spec), "dp_bucket_params", 0.0), 0.0, 1e12) if spec is not None else 0.0
+    if bucket <= 0 or zero == 3:  # ZeRO-3 gathers each layer's weights when that layer runs
+        return float(max(layers, 1))
+    return float(max(1, math.ceil(weights / max(bucket, 1e6 * group))))
 
 
 def _dp_rounds(zero: int, weights: float, group: int, gb: float) -> tuple[float, float]:
@@ -300,6 +311,30 @@ def _dp_gbps(tier: Tier, nvlink: Tier, d: Layout, order, name: str, over: dict) 
         return tier.gbps
     k_node = _members_per_block(d, order, name, nvlink.size)
     return min(nvlink.gbps, _stream_gbps(tier, d, order, name, over) * k_node)
+
+
+def _dp_latency_s(tier: Tier, nvlink: Tier, d: Layout, order, name: str) -> float:
+    """Seconds of latency per data-parallel collective. A ring all-gather or reduce-scatter
+    over n ranks takes n - 1 steps, each paying the link's latency (Thakur, Rabenseifner and
+    Gropp 2005, "Optimization of collective communication operations in MPICH": (p - 1) alpha
+    + (p - 1) / p n beta; NCCL runs AG/RS as rings): the steps between GPUs of one NVLink
+    domain at its latency, those between domains at the network's. An all-reduce (ZeRO-0)
+    runs as NCCL's double binary tree: 2 log2(domains) network steps. Each call pays one more
+    network latency as its fixed cost. This is NCCL's own model (src/graph/tuning.cc,
+    ncclTopoTuneModel: base + (nRanks - nNodes) x intra + (nNodes - 1) x inter; Simple
+    protocol 3.4 us per NVLink step, 9.6 us per network step, 8.4 us base: the presets'
+    3 and 10 us). Small per-layer messages over a thousand GPUs are latency-bound
+    (FSDP/ZeRO-3's per-layer gathers)."""
+    n = d.dp_shard * d.cp if name == "dp" else d.edp
+    if n <= 1:
+        return 0.0
+    if tier.name == nvlink.name:
+        return n * tier.latency_us * 1e-6
+    k = max(1, min(n, _members_per_block(d, order, name, nvlink.size)))
+    domains = max(n // k, 1)
+    if not d.zero:
+        return (tier.latency_us * (1 + 2 * math.ceil(math.log2(domains))) + 2 * (k - 1) * nvlink.latency_us) * 1e-6
+    return (domains * tier.latency_us + domains * (k - 1) * nvlink.latency_us) * 1e-6
 
 
 def _stream_gbps(tier: Tier, d: Layout, order, name: str, over: dict) -> float:
@@ -373,7 +408,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
         comm.append((tp, cp, ep))
 
     # hierarchical, ring-aware bandwidth of the data-parallel axes
-    dp_gbps = {n: _dp_gbps(tiers[n], nvlink, d, order, n, over) for n in ("dp", "edp")}
+    dp_gbps = {n: (_dp_gbps(tiers[n], nvlink, d, order, n, over), _dp_latency_s(tiers[n], nvlink, d, order, n))
+               for n in ("dp", "edp")}
 
     bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
     sm = _frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0) if stack is not None else 0.0
@@ -473,13 +509,12 @@ def _scores_s(tt: Traffic, st: Stage, mm: ModelMath, tr, hw, d: Layout) -> float
 
 
 def _data_parallel(axes: dict[str, AxisReport], tiers: dict[str, Tier], d: Layout, comp_mb: float, m: int,
-                   spec, gbps: dict[str, float], commit: bool) -> float:
+                   spec, gbps: dict[str, tuple[float, float]], commit: bool) -> float:
     """What of the data-parallel traffic the step pays (see the module's docstring)."""
     live = [axes[n] for n in ("dp", "edp") if axes[n].calls_per_step]
     if not live:
         return 0.0
-    secs = {a.name: a.bytes_per_step / (gbps[a.name] * 1e9) + a.calls_per_step * tiers[a.name].latency_us * 1e-6
-            for a in live}
+    secs = {a.name: a.bytes_per_step / (gbps[a.name][0] * 1e9) + a.calls_per_step * gbps[a.name][1] for a in live}
     stack = _stack(spec)
     window_kind = _enum(stack.dp_window) if stack is not None else "step"
     overlap = _frac(stack.dp_overlap, 2.0 / 3.0) if stack is not None else 2.0 / 3.0
