@@ -272,3 +272,29 @@ def test_the_stacks_expert_overlap_hides_no_more_than_the_compute_beside_it():
     assert on.step.wall_ep < off.step.wall_ep and on.mfu > off.mfu
     slow = plan_of(*run, "stack.ep_overlap=1", "hardware.inter_node_gbps=0.5")  # all-to-all > compute
     assert slow.step.wall_ep > 0 and slow.axes["ep"].hidden_s <= slow.step.wall_compute * (1 + 1e-9)
+
+
+def test_a_probed_site_preset_prices_the_parts_it_measured(capsys):
+    """orchestrate-calibrate --probe's preset (orchestrator/probe.py) puts the measured GEMM rate,
+    memory bandwidth, per-op overhead, gloo latency/bandwidth and cores into hardware=cpu's
+    keys; a plan on it runs the shape kernel model at those rates, and ranks beyond the cores
+    share their time."""
+    from orchestrator.config.compose import compose, to_dict
+    from orchestrator.measure import main as calibrate_main, probe_overrides
+    from orchestrator.probe import site_preset
+
+    measured = {"gemm_tflops": {64: 0.02, 512: 0.08}, "hbm_gbps": 9.0, "op_overhead_us": 5.0,
+                "gloo": {"ranks": 2, "latency_us": 150.0, "bus_gbps": 0.8}, "host_cores": 2}
+    base = to_dict(compose(["hardware=cpu"]))["hardware"]
+    hw = site_preset(measured, base)
+    assert hw["peak_tflops"] == 0.08 and hw["kernel_model"] == "shape" and hw["intra_node_latency_us"] == 150.0
+    tiny = ["model=tiny", "cluster.nodes=1", "layout.tp=2"]
+    two = plan_of(*probe_overrides(hw, base), *tiny, "hardware.gpus_per_node=2")
+    assert two.valid and two.spec.hardware.launch_overhead_us == 5.0
+    slower = plan_of(*probe_overrides(hw, base), *tiny, "hardware.gpus_per_node=2", "hardware.launch_overhead_us=10")
+    assert slower.step.wall_compute > 1.5 * two.step.wall_compute  # a tiny model's step is per-op overhead
+    four = [plan_of(*probe_overrides(hw, base), *tiny, "hardware.gpus_per_node=4", "layout.dp=2",
+                    f"hardware.host_cores={c}") for c in (2, 4)]
+    assert four[0].step.wall_compute == pytest.approx(2 * four[1].step.wall_compute)  # 4 ranks on 2 cores
+    assert calibrate_main(["--probe", "--ranks", "9"]) == 2 and "--ranks 9" in capsys.readouterr().err
+    assert calibrate_main([]) == 2

@@ -114,6 +114,11 @@ class HardwareConfig:
     kernel_model: KernelModel = KernelModel.shape
     device: Device = Device.cuda  # the runtime's device type
     backend: Backend = Backend.nccl
+    # Measured presets (orchestrate-calibrate --probe): host time per kernel/op on this device
+    # (None: cost.launch_overhead_us), and the cores the processes of a hardware=cpu run share
+    # (0: one per process; more processes than cores share their time).
+    launch_overhead_us: Optional[float] = None
+    host_cores: int = 0
 
 
 @dataclass

@@ -462,7 +462,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     else:
         coef = coefficients(hw, spec.cost)
         shape = shape_of(d, tr, hw, spec, coef)
-        achieved = [coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)
+        share = _core_share(hw, d)
+        achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
                     for st, tt in zip(stages, traffic)]
         ach = run(achieved)
         wall = {"compute": m * ach.comp, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
@@ -484,6 +485,16 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
                 **{"wall_" + k: v for k, v in wall.items()})
+
+
+def _core_share(hw, d: Layout) -> float:
+    """Processes of a hardware=cpu run beyond the host's cores share their time: each rank's
+    work takes world / cores as long (hardware.host_cores, measured by the probe; 0 = one
+    core per process)."""
+    cores = getattr(hw, "host_cores", 0) or 0
+    if getattr(getattr(hw, "device", None), "value", "") != "cpu" or cores <= 0:
+        return 1.0
+    return max(1.0, d.world / cores)
 
 
 def _paced_traffic(axes: dict[str, AxisReport], traffic: list[Traffic], stage: int, bidirectional: bool,
