@@ -8,9 +8,10 @@ collective model need, on this machine, in processes set up as the runtime's ran
 - GEMM rate: fp32 torch.matmul at square shapes 64-512 (best rate -> `peak_tflops`, with
   `gemm_efficiency` 1: the model's GEMM roofline is then the measured rate);
 - memory bandwidth: a 32 MB tensor copy (read + write) -> `hbm_gbps`;
-- per-op overhead: forward and backward of a 16-element op through autograd, per op
-  -> `launch_overhead_us` (eager PyTorch's dispatch and autograd bookkeeping, which
-  decide a tiny model's step);
+- per-op overhead: forward and backward of a 16-element op through autograd (printed), and
+  the runtime's own transformer block (model=tiny) forward and backward over the kernels the
+  shape model counts for it -> `launch_overhead_us` (module calls, autograd and Python
+  between ops, which decide a tiny model's step);
 - gloo all-reduce between `ranks` local processes: 8 bytes (latency -> the tiers' latency)
   and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s), and how many cores
   the processes share (`host_cores`: ranks beyond it share the cores' time).
@@ -53,7 +54,37 @@ def local_components() -> dict:
         z.sum().backward()
 
     per_op = _best(ops, number=4) / 101 * 1e6  # 50 multiplies + the sum, forward and backward
-    return {"gemm_tflops": gemm, "hbm_gbps": hbm, "op_overhead_us": per_op}
+    return {"gemm_tflops": gemm, "hbm_gbps": hbm, "op_overhead_us": per_op, "layer_op_us": layer_op_us()}
+
+
+def layer_op_us() -> float:
+    """Host time per counted kernel of the runtime's own transformer block (orchestrator/train,
+    model=tiny, one micro-batch, forward and backward, one process): the block's measured time
+    over the kernels the shape model counts for it. Module calls, autograd and Python between
+    the ops are what a tiny model's step costs on a CPU, far above a bare op's dispatch."""
+    import torch
+
+    from orchestrator.config.compose import compose
+    from orchestrator.plan.kernels import layer_features, shape_of
+    from orchestrator.plan.plan import plan_spec
+    from orchestrator.train.model import Block
+
+    torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
+    spec = compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=1",
+                    "hardware.kernel_model=shape"])
+    plan = plan_spec(spec)
+    tr = spec.training
+    count = layer_features(plan.mm if hasattr(plan, "mm") else _mm(spec), False,
+                           shape_of(plan.layout, tr, spec.hardware, spec)).kernels * 1e6
+    block = Block(spec.model, 0)
+    x = torch.randn(tr.micro_batch, tr.seq_len, spec.model.hidden, requires_grad=True)
+    return _best(lambda: block(x).sum().backward(), number=5) / count * 1e6
+
+
+def _mm(spec):
+    from orchestrator.plan.model import ModelMath
+
+    return ModelMath(spec.model)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -108,5 +139,6 @@ def site_preset(measured: dict, base: dict) -> dict:
               hbm_gbps=round(measured["hbm_gbps"], 3), intra_node_gbps=round(g["bus_gbps"], 3),
               inter_node_gbps=round(g["bus_gbps"], 3), intra_node_latency_us=round(g["latency_us"], 2),
               inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
-              launch_overhead_us=round(measured["op_overhead_us"], 3), host_cores=int(measured["host_cores"]))
+              launch_overhead_us=round(measured.get("layer_op_us", measured["op_overhead_us"]), 3),
+              host_cores=int(measured["host_cores"]))
     return hw
