@@ -298,3 +298,17 @@ def test_a_probed_site_preset_prices_the_parts_it_measured(capsys):
     assert four[0].step.wall_compute == pytest.approx(2 * four[1].step.wall_compute)  # 4 ranks on 2 cores
     assert calibrate_main(["--probe", "--ranks", "9"]) == 2 and "--ranks 9" in capsys.readouterr().err
     assert calibrate_main([]) == 2
+
+
+def test_context_parallelism_as_each_stack_runs_it():
+    """Megatron-Core's ring (p2p) hides its K/V sends behind each block's attention, so at a long
+    sequence little of it is exposed; Llama 3's all-gather is exposed whole; Ulysses' all-to-all
+    moves Q, K, V and O, a volume per GPU that does not grow with the CP degree (the all-gather's
+    does), and is exposed whole."""
+    run = ["stack=megatron_core", "model=llama3_8b", "cluster.nodes=4", "layout.tp=4", "layout.cp=8",
+           "layout.dp=1", "training.seq_len=131072", "training.global_batch=8"]
+    ring, gather, a2a = (plan_of(*run, f"stack.cp_comm={k}") for k in ("p2p", "all_gather", "a2a"))
+    assert ring.step.wall_cp < 0.5 * gather.step.wall_cp and ring.mfu > gather.mfu
+    assert a2a.axes["cp"].bytes_per_step < gather.axes["cp"].bytes_per_step
+    assert "all-to-all" in a2a.axes["cp"].collective and "ring" in ring.axes["cp"].collective
+    assert a2a.step.wall_cp == pytest.approx(a2a.axes["cp"].seconds)  # nothing hidden

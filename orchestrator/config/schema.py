@@ -141,6 +141,12 @@ class PipelineAccounting(str, Enum):
     auto = "auto"  # embedding_loss where the layers alone do not split evenly and with them they do
 
 
+class CPComm(str, Enum):
+    all_gather = "all_gather"  # K/V all-gathered (Llama 3, torch CP's allgather rotation, this runtime)
+    p2p = "p2p"  # ring attention: K/V blocks passed around the ring, hidden behind each block's attention
+    a2a = "a2a"  # DeepSpeed-Ulysses / Megatron a2a: sequence <-> head shards by all-to-all
+
+
 class DPWindow(str, Enum):
     step = "step"  # dp_overlap x the step's compute (this runtime's first model)
     microbatch = "microbatch"  # the last micro-batch's backward and the next step's first forward
@@ -200,6 +206,8 @@ class StackConfig:
     # bucket of max(this, 1M x dp) parameters (Megatron-Core's DDP: 40M; DeepSpeed: 5e8). ZeRO-3
     # gathers per layer whatever the buckets.
     dp_bucket_params: float = 0.0
+    # How context parallelism moves K/V (CPComm; plan/cost.py _cp_traffic)
+    cp_comm: CPComm = CPComm.all_gather
 
 
 @dataclass

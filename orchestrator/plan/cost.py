@@ -174,7 +174,8 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
             kv_width = mm.mla.kv_lora_rank + mm.mla.qk_rope_head_dim  # gather the latent
         else:
             kv_width = 2 * mm.hd * max(mm.kv // t, 1)
-        cp = (n * (2 + frac), (c - 1) / c * s * b * kv_width * act)
+        cp = _cp_traffic(_enum(stack.cp_comm) if stack is not None else "all_gather", n, frac, c, s * b, t,
+                         kv_width, mm, act)
     else:
         cp = (0.0, 0.0)
     if d.ep > 1 and st.moe_layers:
@@ -185,6 +186,27 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
     else:
         ep = (0.0, 0.0)
     return Traffic(compute, tp, cp, ep)
+
+
+CP_COLLECTIVE = {"p2p": "ring send/recv K,V (dK,dV)", "a2a": "all-to-all Q,K,V / O"}
+
+
+def _cp_traffic(kind: str, n: int, frac: float, c: int, tokens: float, t: int, kv_width: float, mm: ModelMath,
+                act: float) -> tuple[float, float]:
+    """(calls, bytes per call) of context parallelism per micro-batch, as the stack runs it
+    (stack.cp_comm): `all_gather` (Llama 3, torch's CP with allgather rotation, this runtime):
+    K and V all-gathered forward, reduce-scattered backward; `p2p` (Megatron-Core /
+    Transformer Engine's default cp_comm_type, ring attention): c - 1 sends of a rank's K/V
+    block forward, K/V and their gradients backward, each hidden behind a block's attention
+    (step_time); `a2a` (DeepSpeed-Ulysses, Megatron's a2a): Q, K, V to head shards and O
+    back, forward and backward, none hidden."""
+    block = tokens / c  # one rank's share of the sequence
+    if kind == "p2p":
+        return n * (c - 1) * (3 + frac), block * kv_width * act
+    if kind == "a2a":
+        q = mm.heads * mm.hd / t
+        return n * 2 * (2 + frac), (c - 1) / c * block * (2 * q + kv_width) / 2 * act
+    return n * (2 + frac), (c - 1) / c * tokens * kv_width * act
 
 
 def activation_bytes(tr) -> float:
@@ -211,8 +233,10 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
     j = max(range(len(stages)), key=lambda i: traffic[i].compute_s)
     tj = traffic[j]
     out: dict[str, AxisReport] = {}
+    cp_kind = _enum(spec.stack.cp_comm) if spec is not None else "all_gather"
     for name, (calls, nbytes), size in (("tp", tj.tp, d.tp), ("cp", tj.cp, d.cp), ("ep", tj.ep, d.ep)):
-        out[name] = AxisReport(name, size, AXES[name].collective, m * calls, m * calls * nbytes, hideable=False,
+        collective = CP_COLLECTIVE.get(cp_kind, AXES[name].collective) if name == "cp" else AXES[name].collective
+        out[name] = AxisReport(name, size, collective, m * calls, m * calls * nbytes, hideable=False,
                                bytes_per_microbatch=calls * nbytes)
     s_tokens = tr.seq_len / d.cp * tr.micro_batch
     send = s_tokens * mm.h * activation_bytes(tr) / (d.tp if sp else 1)
@@ -401,9 +425,11 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     cp_tier = replace(tiers["cp"], gbps=_stream_gbps(tiers["cp"], d, order, "cp", over))
     pp_tier = replace(tiers["pp"], gbps=_stream_gbps(tiers["pp"], d, order, "pp", over))
     comm = []
-    for tt in traffic:
+    ring = _ring_attention_s(stages, d, mm, tr, hw, spec)
+    for i, tt in enumerate(traffic):
         tp = _time(*tt.tp, tiers["tp"]) * (1.0 - tp_hide)
         cp = _time(*tt.cp, cp_tier)
+        cp = max(cp - ring[i], min(cp, _time(tt.cp[0], 0.0, cp_tier))) if ring[i] else cp  # latency stays
         ep = _ep_time(*tt.ep, tiers["ep"], nvlink, d, order, spec)
         comm.append((tp, cp, ep))
 
@@ -485,6 +511,20 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
                 **{"wall_" + k: v for k, v in wall.items()})
+
+
+def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spec) -> list[float]:
+    """Per stage, the attention time of one micro-batch a ring (stack.cp_comm=p2p) hides its
+    sends behind: (c - 1) / c of the attention core (the local block's is computed before the
+    first block arrives), at the kernel model's attention speed; 0 for the other CP methods."""
+    stack = _stack(spec)
+    if d.cp <= 1 or stack is None or _enum(stack.cp_comm) != "p2p" or not tr.flash_attention:
+        return [0.0] * len(stages)
+    coef = coefficients(hw, spec.cost)
+    shape = shape_of(d, tr, hw, spec, coef)
+    constant = _enum(spec.cost.kernel_model or hw.kernel_model) == "constant"
+    speed = hw.kernel_efficiency if constant else coef.attention_efficiency
+    return [stage_features(st, mm, shape).attn / speed * (d.cp - 1) / d.cp for st in stages]
 
 
 def _core_share(hw, d: Layout) -> float:
