@@ -163,7 +163,8 @@ def run_probe(ranks: int, write: Path | None) -> int:
     g = measured["gloo"]
     print(f"probe ({time.perf_counter() - t:.1f} s): GEMM " + ", ".join(
         f"{n}^3 {r * 1e3:.2f}" for n, r in measured["gemm_tflops"].items()) + " GFLOP/s; memory "
-          f"{measured['hbm_gbps']:.1f} GB/s; {measured['op_overhead_us']:.1f} us per bare op, {measured['layer_op_us']:.1f} us per kernel of "
+          f"{measured['hbm_gbps']:.1f} GB/s; {measured['op_overhead_us']:.1f} us per bare op, "
+          f"{measured['layer_op_us']:.1f} us per kernel of "
           f"the runtime's block (fwd+bwd); gloo "
           f"all-reduce over {g['ranks']} processes {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
           f"{measured['host_cores']} cores")

@@ -66,6 +66,7 @@ def layer_op_us() -> float:
 
     from orchestrator.config.compose import compose
     from orchestrator.plan.kernels import layer_features, shape_of
+    from orchestrator.plan.model import ModelMath
     from orchestrator.plan.plan import plan_spec
     from orchestrator.train.model import Block
 
@@ -74,17 +75,10 @@ def layer_op_us() -> float:
                     "hardware.kernel_model=shape"])
     plan = plan_spec(spec)
     tr = spec.training
-    count = layer_features(plan.mm if hasattr(plan, "mm") else _mm(spec), False,
-                           shape_of(plan.layout, tr, spec.hardware, spec)).kernels * 1e6
+    count = layer_features(ModelMath(spec.model), False, shape_of(plan.layout, tr, spec.hardware, spec)).kernels * 1e6
     block = Block(spec.model, 0)
     x = torch.randn(tr.micro_batch, tr.seq_len, spec.model.hidden, requires_grad=True)
     return _best(lambda: block(x).sum().backward(), number=5) / count * 1e6
-
-
-def _mm(spec):
-    from orchestrator.plan.model import ModelMath
-
-    return ModelMath(spec.model)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:

@@ -259,6 +259,7 @@ def test_megatron_counts_the_embedding_and_the_loss_as_pipeline_layers():
     chunks = p.layout.virtual_stages()
     assert len(chunks) == 128 and chunks[0] == (0, 0) and chunks[-1] == (126, 126)
     assert {b - a for a, b in chunks[1:-1]} == {1} and p.layout.stage_layers == [7] + [8] * 14 + [7]
+    assert any("--account-for-embedding-in-pipeline-split" in w for w in p.warnings)
     refused = plan_of(*run, "stack.pipeline_accounting=layers")
     (err,) = [e for e in refused.errors if "model.layers" in e.key]
     assert "stack.pipeline_accounting=embedding_loss" in err.fix

@@ -256,8 +256,8 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
         nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
         rounds = (3.0 if d.zero == 3 else 2.0) if d.zero else 1.0
-        out[name] = AxisReport(name, size, collective, (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
-                               if live else 0, nbytes if live else 0, hideable=True)
+        calls = (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
+        out[name] = AxisReport(name, size, collective, calls if live else 0, nbytes if live else 0, hideable=True)
     return out
 
 

@@ -441,6 +441,12 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
     if L % (p * chunks) == 0 and accounted is None:
         return [L // p] * p
     if accounted is not None:
+        if str(getattr(spec.stack.pipeline_accounting, "value", spec.stack.pipeline_accounting)) == "auto":
+            warnings.append(f"model.layers={L} does not split into pp({p}) x {chunks} chunk(s); planned with the "
+                            f"embedding and the loss counted as a layer each ({L} + 2 = {L + 2}), as Megatron-Core "
+                            f"runs it with --account-for-embedding-in-pipeline-split and "
+                            f"--account-for-loss-in-pipeline-split (stack.pipeline_accounting=auto); without them "
+                            f"it refuses this split.")
         return [sum(accounted[j] for j in sched.stages_of_rank(r, p, v)) for r in range(p)]
     alt = uneven_split(L, p)
     good_vp = [x for x in _divisors(L // p) if x <= 8] if L % p == 0 and sched.uses_vp else []
