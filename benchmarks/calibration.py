@@ -7,9 +7,15 @@ planner's convention (6N + causal attention, dense bf16 peak), the truth taken f
 run's printed throughput (plan/calibrate.py). Per source family: in-sample MAE and
 leave-one-source-out MAE (refit without the family, predict it).
 
-Run: .venv/bin/python benchmarks/calibration.py [--quick] [--presets]
-  --quick    no leave-one-source-out folds
-  --presets  use the fitted numbers in the presets instead of refitting
+Interval coverage (orchestrator/plan/uncertainty.py): per family, how often the run's true MFU
+falls inside the 80% interval of its leave-one-source-out prediction, with the shipped table
+(calibrated on every family's residuals) and with a table calibrated without the family's own
+residuals (the honest figure: what a run from a new source can expect).
+
+Run: .venv/bin/python benchmarks/calibration.py [--quick] [--presets] [--write-intervals]
+  --quick            no leave-one-source-out folds (and no interval coverage)
+  --presets          use the fitted numbers in the presets instead of refitting
+  --write-intervals  write the interval table the planner reads (orchestrator/plan/mfu_interval.json)
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.plan.calibrate import evaluate, load_runs  # noqa: E402
+from orchestrator.plan.uncertainty import INTERVALS, build_table, coverage  # noqa: E402
 
 
 def _mae(preds) -> tuple[int, float | None, int]:
@@ -35,7 +42,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="skip the leave-one-source-out folds")
     ap.add_argument("--presets", action="store_true", help="the presets' fitted numbers, no refit")
+    ap.add_argument("--write-intervals", action="store_true", help="write the planner's MFU interval table")
     args = ap.parse_args()
+    if args.write_intervals and args.quick:
+        ap.error("--write-intervals needs the leave-one-source-out folds: drop --quick")
     rows = load_runs()
     ev = evaluate(rows, refit=not args.presets, loso_folds=not args.quick)
     loso_after = {p.row.name: p for ps in ev.after_loso.values() for p in ps}
@@ -74,9 +84,32 @@ def main() -> None:
         if n:
             print(f"  {label:<32} mean absolute error {mae:.2f} points over {n} fitted-source rows, "
                   f"{within} of {n} within 5 points")
+    if ev.after_loso:
+        _intervals(ev, args.write_intervals)
     print("\nfitted: " + ", ".join(f"{k} {v:.3f}" for k, v in ev.params.items()))
     print("first model's efficiency per GPU (least squares): " +
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(ev.legacy_efficiency.items())))
+
+
+def _intervals(ev, write: bool) -> None:
+    import json
+
+    table = build_table([p for ps in ev.after_loso.values() for p in ps])
+    cov = coverage(ev.after_loso)
+    print(f"\n80% MFU interval coverage per source family (true MFU inside the interval of its leave-one-source-"
+          f"out prediction): shipped table | table without the family's own residuals")
+    tot = [0, 0, 0, 0]
+    for fam, (shipped, nested, n_iv, n) in sorted(cov.items()):
+        tot = [a + b for a, b in zip(tot, (shipped, nested, n_iv, n))]
+        print(f"  {fam:<20} {shipped:>3} of {n_iv:<3} | {nested:>3} of {n_iv:<3}")
+    print(f"  {'all':<20} {tot[0]:>3} of {tot[2]:<3} | {tot[1]:>3} of {tot[2]:<3} "
+          f"({100 * tot[0] / max(tot[2], 1):.0f}% | {100 * tot[1] / max(tot[2], 1):.0f}%)")
+    print("  groups (log residual quantiles, rows): " + ", ".join(
+        f"{k} [{g['lo']:+.3f}, {g['hi']:+.3f}] {g['rows']}" for k, g in table["groups"].items()
+        if g["rows"] >= table["min_rows"]))
+    if write:
+        INTERVALS.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"  wrote {INTERVALS}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Lower number = lower layer. `launch` and `train` share a level: launch starts train as
 # a separate program (or inside a SLURM task), train never imports launch.
-LAYER = {"rundir": 0, "config": 0, "plan": 1, "launch": 2, "train": 2, "runtime": 3, "measure": 3, "cli": 3, "__main__": 3, "__init__": 3}
+LAYER = {"rundir": 0, "config": 0, "plan": 1, "launch": 2, "train": 2, "runtime": 3, "measure": 3, "probe": 3, "cli": 3, "__main__": 3, "__init__": 3}
 
 
 def modules(pkg: Path) -> dict[str, Path]:

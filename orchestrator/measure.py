@@ -1,6 +1,13 @@
 """Measured feeds back: compare finished runs with their plans and refit the efficiency.
 
     orchestrate-calibrate RUN_DIR [RUN_DIR ...] [--write PATH]
+    orchestrate-calibrate --probe [--ranks N] [--write PATH]
+
+`--probe` measures this machine's components instead (orchestrator/probe.py: GEMM rate,
+memory bandwidth, per-op overhead, gloo latency and bandwidth between N local processes,
+the cores they share) and writes a site preset built on `hardware=cpu` with them, by
+default to outputs/probe/hardware-site.yaml under the working directory; its overrides are
+printed as one line too, so it can be used without copying it into conf/hardware/.
 
 Each run directory holds the `plan.json` the run was launched with and its measured
 step times (`metrics.jsonl` / `metrics.json`, written by the runtime, or the TensorBoard
@@ -80,10 +87,17 @@ def _significant(x: float, digits: int = 4) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="orchestrate-calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (plan.json + metrics)")
+    ap.add_argument("runs", nargs="*", type=Path, help="run directories (plan.json + metrics)")
     ap.add_argument("--write", type=Path, help="write the refit hardware preset here "
                                                "(default: RUN_DIR/hardware-NAME-calibrated.yaml of the first run)")
+    ap.add_argument("--probe", action="store_true", help="measure this machine's components, write a site preset")
+    ap.add_argument("--ranks", type=int, default=2, help="local processes for the gloo probe (2-4)")
     args = ap.parse_args(argv)
+    if args.probe:
+        return run_probe(args.ranks, args.write)
+    if not args.runs:
+        print("error: name run directories to refit from, or --probe to measure this machine", file=sys.stderr)
+        return 2
     rows: list[Measured] = []
     for run in args.runs:
         try:
@@ -127,6 +141,41 @@ def main(argv: list[str] | None = None) -> int:
                    f"attempt(s): {runs}\n# {key} was {old:g}; the other values are the runs' preset.\n"
                    + OmegaConf.to_yaml(hw))
     print(f"wrote {out} (copy it to conf/hardware/<name>.yaml to select it as hardware=<name>)")
+    return 0
+
+
+def probe_overrides(hw: dict, base: dict) -> list[str]:
+    """The site preset as hardware=cpu overrides (the keys the probe measured)."""
+    return ["hardware=cpu"] + [f"hardware.{k}={v}" for k, v in hw.items() if k != "name" and base.get(k) != v]
+
+
+def run_probe(ranks: int, write: Path | None) -> int:
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.compose import compose, to_dict
+    from orchestrator.probe import probe, site_preset
+
+    if not 2 <= ranks <= 8:
+        print(f"error: --ranks {ranks}: the gloo probe runs 2 to 8 local processes. Fix: --ranks 2", file=sys.stderr)
+        return 2
+    t = time.perf_counter()
+    measured = probe(ranks)
+    base = to_dict(compose(["hardware=cpu"]))["hardware"]
+    hw = site_preset(measured, base)
+    g = measured["gloo"]
+    print(f"probe ({time.perf_counter() - t:.1f} s): GEMM " + ", ".join(
+        f"{n}^3 {r * 1e3:.2f}" for n, r in measured["gemm_tflops"].items()) + " GFLOP/s; memory "
+          f"{measured['hbm_gbps']:.1f} GB/s; {measured['op_overhead_us']:.1f} us per bare op, "
+          f"{measured['layer_op_us']:.1f} us per kernel of "
+          f"the runtime's block (fwd+bwd); gloo "
+          f"all-reduce over {g['ranks']} processes {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
+          f"{measured['host_cores']} cores")
+    out = write or Path("outputs") / "probe" / "hardware-site.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# Measured by orchestrate-calibrate --probe on {time.strftime('%Y-%m-%d %H:%M')} "
+                   f"(orchestrator/probe.py); the rest is the cpu preset.\n" + OmegaConf.to_yaml(hw))
+    print(f"wrote {out} (copy it to conf/hardware/site.yaml to select hardware=site)")
+    print("use it as overrides:  " + " ".join(probe_overrides(hw, base)))
     return 0
 
 

@@ -82,7 +82,9 @@ def _base(stack: str):
     """The tiny model on emulated GPUs, composed once per stack (torch: stack=orchestrator)."""
     if stack not in _BASE:
         name = "megatron_core" if stack == "megatron" else "orchestrator"
-        _BASE[stack] = typed(compose(["hardware=cpu", "model=tiny", f"stack={name}"]))
+        # Megatron's defaults: the account-for-embedding/loss-in-pipeline-split flags off
+        _BASE[stack] = typed(compose(["hardware=cpu", "model=tiny", f"stack={name}",
+                                      "stack.pipeline_accounting=layers"]))
     return _BASE[stack]
 
 

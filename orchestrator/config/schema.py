@@ -115,6 +115,11 @@ class HardwareConfig:
     kernel_model: KernelModel = KernelModel.shape
     device: Device = Device.cuda  # the runtime's device type
     backend: Backend = Backend.nccl
+    # Measured presets (orchestrate-calibrate --probe): host time per kernel/op on this device
+    # (None: cost.launch_overhead_us), and the cores the processes of a hardware=cpu run share
+    # (0: one per process; more processes than cores share their time).
+    launch_overhead_us: Optional[float] = None
+    host_cores: int = 0
 
 
 @dataclass
@@ -131,6 +136,21 @@ class ClusterConfig:
 class PipelineRules(str, Enum):
     torch = "torch"  # torch.distributed.pipelining's checks (Schedule1F1B raises below pp micro-batches)
     megatron = "megatron"  # Megatron-Core's (1F1B caps its warm-up and runs; interleaving needs m % pp == 0)
+
+
+class PipelineAccounting(str, Enum):
+    layers = "layers"  # only transformer layers fill the pipeline's virtual stages
+    # The embedding and the loss each take one layer's place: the first and last virtual stage
+    # build one transformer layer fewer (Megatron-Core --account-for-embedding-in-pipeline-split,
+    # --account-for-loss-in-pipeline-split)
+    embedding_loss = "embedding_loss"
+    auto = "auto"  # embedding_loss where the layers alone do not split evenly and with them they do
+
+
+class CPComm(str, Enum):
+    all_gather = "all_gather"  # K/V all-gathered (Llama 3, torch CP's allgather rotation, this runtime)
+    p2p = "p2p"  # ring attention: K/V blocks passed around the ring, hidden behind each block's attention
+    a2a = "a2a"  # DeepSpeed-Ulysses / Megatron a2a: sequence <-> head shards by all-to-all
 
 
 class DPWindow(str, Enum):
@@ -172,6 +192,9 @@ class StackConfig:
     ep_comm_sm_fraction: float = 0.0
     selective: Selective = Selective.orchestrator
     pipeline_rules: PipelineRules = PipelineRules.torch
+    # What fills the pipeline's virtual stages (PipelineAccounting): transformer layers only, or the
+    # embedding and the loss counted as one layer each (Megatron-Core's account-for options).
+    pipeline_accounting: PipelineAccounting = PipelineAccounting.layers
     # When data-parallel traffic can hide. `step`: behind dp_overlap x the step's whole compute
     # (this runtime's first model). `microbatch`: gradients are final only in the last
     # micro-batch, so their reduction hides behind that micro-batch's backward (model chunk by
@@ -185,6 +208,12 @@ class StackConfig:
     # Parallel transformer block (attention and MLP side by side, GPT-J/PaLM/MegaScale): one
     # tensor-parallel collective per block and direction instead of two.
     parallel_block: bool = False
+    # Data-parallel collectives per round: 0 = one per layer (FSDP's units); > 0 = one per gradient
+    # bucket of max(this, 1M x dp) parameters (Megatron-Core's DDP: 40M; DeepSpeed: 5e8). ZeRO-3
+    # gathers per layer whatever the buckets.
+    dp_bucket_params: float = 0.0
+    # How context parallelism moves K/V (CPComm; plan/cost.py _cp_traffic)
+    cp_comm: CPComm = CPComm.all_gather
 
 
 @dataclass
@@ -329,10 +358,10 @@ class CostConfig:
     kernel_model: Optional[KernelModel] = None
     # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
     # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
-    elementwise: float = 0.79  # weight of the memory-bound work (norms, activations, casts, softmax)
-    attention_efficiency: float = 0.577  # fraction of the bf16 peak flash attention's forward reaches
+    elementwise: float = 0.842  # weight of the memory-bound work (norms, activations, casts, softmax)
+    attention_efficiency: float = 0.576  # fraction of the bf16 peak flash attention's forward reaches
     fp8_gemm_efficiency: float = 1.0  # FP8 GEMMs' ceiling relative to the bf16 one (power, scaling)
-    launch_overhead_us: float = 17.979  # host time per kernel launch the GPU waits for (small kernels)
+    launch_overhead_us: float = 17.124  # host time per kernel launch the GPU waits for (small kernels)
 
 
 @dataclass

@@ -35,6 +35,11 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"backward); zero={layout.zero} ({what}) is not implemented.",
                            "use layout.zero=2 (replicated weights during the step, as zero=0/1 hold them) or "
                            "layout.zero=3, or launcher=dry to plan it."))
+    if layout.chunk_layers is not None:
+        out.append(Problem("stack.pipeline_accounting", f"the embedding and the loss take a layer's place in "
+                           f"the pipeline split ({spec.stack.pipeline_accounting.value}); the runtime fills its "
+                           f"stages with transformer layers only.",
+                           "set stack.pipeline_accounting=layers, or launcher=dry to plan it."))
     if tr.mtp_depth:
         out.append(Problem("training.mtp_depth", f"the runtime trains no multi-token prediction modules "
                            f"(mtp_depth={tr.mtp_depth}).", "set training.mtp_depth=0, or launcher=dry to plan MTP."))

@@ -174,7 +174,8 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
             kv_width = mm.mla.kv_lora_rank + mm.mla.qk_rope_head_dim  # gather the latent
         else:
             kv_width = 2 * mm.hd * max(mm.kv // t, 1)
-        cp = (n * (2 + frac), (c - 1) / c * s * b * kv_width * act)
+        cp = _cp_traffic(_enum(stack.cp_comm) if stack is not None else "all_gather", n, frac, c, s * b, t,
+                         kv_width, mm, act)
     else:
         cp = (0.0, 0.0)
     if d.ep > 1 and st.moe_layers:
@@ -185,6 +186,27 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
     else:
         ep = (0.0, 0.0)
     return Traffic(compute, tp, cp, ep)
+
+
+CP_COLLECTIVE = {"p2p": "ring send/recv K,V (dK,dV)", "a2a": "all-to-all Q,K,V / O"}
+
+
+def _cp_traffic(kind: str, n: int, frac: float, c: int, tokens: float, t: int, kv_width: float, mm: ModelMath,
+                act: float) -> tuple[float, float]:
+    """(calls, bytes per call) of context parallelism per micro-batch, as the stack runs it
+    (stack.cp_comm): `all_gather` (Llama 3, torch's CP with allgather rotation, this runtime):
+    K and V all-gathered forward, reduce-scattered backward; `p2p` (Megatron-Core /
+    Transformer Engine's default cp_comm_type, ring attention): c - 1 sends of a rank's K/V
+    block forward, K/V and their gradients backward, each hidden behind a block's attention
+    (step_time); `a2a` (DeepSpeed-Ulysses, Megatron's a2a): Q, K, V to head shards and O
+    back, forward and backward, none hidden."""
+    block = tokens / c  # one rank's share of the sequence
+    if kind == "p2p":
+        return n * (c - 1) * (3 + frac), block * kv_width * act
+    if kind == "a2a":
+        q = mm.heads * mm.hd / t
+        return n * 2 * (2 + frac), (c - 1) / c * block * (2 * q + kv_width) / 2 * act
+    return n * (2 + frac), (c - 1) / c * tokens * kv_width * act
 
 
 def activation_bytes(tr) -> float:
@@ -211,8 +233,10 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
     j = max(range(len(stages)), key=lambda i: traffic[i].compute_s)
     tj = traffic[j]
     out: dict[str, AxisReport] = {}
+    cp_kind = _enum(spec.stack.cp_comm) if spec is not None else "all_gather"
     for name, (calls, nbytes), size in (("tp", tj.tp, d.tp), ("cp", tj.cp, d.cp), ("ep", tj.ep, d.ep)):
-        out[name] = AxisReport(name, size, AXES[name].collective, m * calls, m * calls * nbytes, hideable=False,
+        collective = CP_COLLECTIVE.get(cp_kind, AXES[name].collective) if name == "cp" else AXES[name].collective
+        out[name] = AxisReport(name, size, collective, m * calls, m * calls * nbytes, hideable=False,
                                bytes_per_microbatch=calls * nbytes)
     s_tokens = tr.seq_len / d.cp * tr.micro_batch
     send = s_tokens * mm.h * activation_bytes(tr) / (d.tp if sp else 1)
@@ -232,9 +256,20 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
         nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
         rounds = (3.0 if d.zero == 3 else 2.0) if d.zero else 1.0
-        out[name] = AxisReport(name, size, collective, (rounds + (copies > 1)) * units if live else 0,
-                               nbytes if live else 0, hideable=True)
+        calls = (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
+        out[name] = AxisReport(name, size, collective, calls if live else 0, nbytes if live else 0, hideable=True)
     return out
+
+
+def _dp_units(spec, zero: int, weights: float, group: int, layers: int) -> float:
+    """Collectives per round: one per layer (FSDP's units, ZeRO-3), or one per gradient bucket
+    where the stack buckets (stack.dp_bucket_params: Megatron-Core's DDP uses buckets of
+    max(40M, 1M x dp) parameters, megatron/core/distributed/distributed_data_parallel.py, so
+    that calls stay few at scale; DeepSpeed's reduce_bucket_size is 5e8 elements)."""
+    bucket = _pos(getattr(_stack(spec), "dp_bucket_params", 0.0), 0.0, 1e12) if spec is not None else 0.0
+    if bucket <= 0 or zero == 3:  # ZeRO-3 gathers each layer's weights when that layer runs
+        return float(max(layers, 1))
+    return float(max(1, math.ceil(weights / max(bucket, 1e6 * group))))
 
 
 def _dp_rounds(zero: int, weights: float, group: int, gb: float) -> tuple[float, float]:
@@ -302,6 +337,30 @@ def _dp_gbps(tier: Tier, nvlink: Tier, d: Layout, order, name: str, over: dict) 
     return min(nvlink.gbps, _stream_gbps(tier, d, order, name, over) * k_node)
 
 
+def _dp_latency_s(tier: Tier, nvlink: Tier, d: Layout, order, name: str) -> float:
+    """Seconds of latency per data-parallel collective. A ring all-gather or reduce-scatter
+    over n ranks takes n - 1 steps, each paying the link's latency (Thakur, Rabenseifner and
+    Gropp 2005, "Optimization of collective communication operations in MPICH": (p - 1) alpha
+    + (p - 1) / p n beta; NCCL runs AG/RS as rings): the steps between GPUs of one NVLink
+    domain at its latency, those between domains at the network's. An all-reduce (ZeRO-0)
+    runs as NCCL's double binary tree: 2 log2(domains) network steps. Each call pays one more
+    network latency as its fixed cost. This is NCCL's own model (src/graph/tuning.cc,
+    ncclTopoTuneModel: base + (nRanks - nNodes) x intra + (nNodes - 1) x inter; Simple
+    protocol 3.4 us per NVLink step, 9.6 us per network step, 8.4 us base: the presets'
+    3 and 10 us). Small per-layer messages over a thousand GPUs are latency-bound
+    (FSDP/ZeRO-3's per-layer gathers)."""
+    n = d.dp_shard * d.cp if name == "dp" else d.edp
+    if n <= 1:
+        return 0.0
+    if tier.name == nvlink.name:
+        return n * tier.latency_us * 1e-6
+    k = max(1, min(n, _members_per_block(d, order, name, nvlink.size)))
+    domains = max(n // k, 1)
+    if not d.zero:
+        return (tier.latency_us * (1 + 2 * math.ceil(math.log2(domains))) + 2 * (k - 1) * nvlink.latency_us) * 1e-6
+    return (domains * tier.latency_us + domains * (k - 1) * nvlink.latency_us) * 1e-6
+
+
 def _stream_gbps(tier: Tier, d: Layout, order, name: str, over: dict) -> float:
     """Per-GPU bandwidth of a ring or a chain of sends over a tier: full link speed unless
     the tier is oversubscribed and a block sends more streams out than its uplinks carry."""
@@ -366,14 +425,17 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     cp_tier = replace(tiers["cp"], gbps=_stream_gbps(tiers["cp"], d, order, "cp", over))
     pp_tier = replace(tiers["pp"], gbps=_stream_gbps(tiers["pp"], d, order, "pp", over))
     comm = []
-    for tt in traffic:
+    ring = _ring_attention_s(stages, d, mm, tr, hw, spec)
+    for i, tt in enumerate(traffic):
         tp = _time(*tt.tp, tiers["tp"]) * (1.0 - tp_hide)
         cp = _time(*tt.cp, cp_tier)
+        cp = max(cp - ring[i], min(cp, _time(tt.cp[0], 0.0, cp_tier))) if ring[i] else cp  # latency stays
         ep = _ep_time(*tt.ep, tiers["ep"], nvlink, d, order, spec)
         comm.append((tp, cp, ep))
 
     # hierarchical, ring-aware bandwidth of the data-parallel axes
-    dp_gbps = {n: _dp_gbps(tiers[n], nvlink, d, order, n, over) for n in ("dp", "edp")}
+    dp_gbps = {n: (_dp_gbps(tiers[n], nvlink, d, order, n, over), _dp_latency_s(tiers[n], nvlink, d, order, n))
+               for n in ("dp", "edp")}
 
     bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
     sm = _frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0) if stack is not None else 0.0
@@ -386,7 +448,9 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
             if d.schedule.overlaps_ep:
                 # DualPipe overlaps one micro-batch's all-to-all with another's computation.
                 ep_hidden = min(ep, c)
-            ep_hidden = ep_hidden + (ep - ep_hidden) * ep_hide
+            # The stack's own overlap (Megatron-Core's EP all-to-all overlap) hides a share of the
+            # rest behind the other micro-batch's compute, never more than that compute.
+            ep_hidden = ep_hidden + min((ep - ep_hidden) * ep_hide, max(c - ep_hidden, 0.0))
             # The SMs the hidden all-to-all runs on are missing from the compute meanwhile.
             c = c + ep_hidden * sm / (1.0 - sm)
             per.append((c + tp + cp + ep - ep_hidden, c, tp, cp, ep - ep_hidden, ep_hidden))
@@ -424,7 +488,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     else:
         coef = coefficients(hw, spec.cost)
         shape = shape_of(d, tr, hw, spec, coef)
-        achieved = [coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)
+        share = _core_share(hw, d)
+        achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
                     for st, tt in zip(stages, traffic)]
         ach = run(achieved)
         wall = {"compute": m * ach.comp, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
@@ -446,6 +511,30 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
                 **{"wall_" + k: v for k, v in wall.items()})
+
+
+def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spec) -> list[float]:
+    """Per stage, the attention time of one micro-batch a ring (stack.cp_comm=p2p) hides its
+    sends behind: (c - 1) / c of the attention core (the local block's is computed before the
+    first block arrives), at the kernel model's attention speed; 0 for the other CP methods."""
+    stack = _stack(spec)
+    if d.cp <= 1 or stack is None or _enum(stack.cp_comm) != "p2p" or not tr.flash_attention:
+        return [0.0] * len(stages)
+    coef = coefficients(hw, spec.cost)
+    shape = shape_of(d, tr, hw, spec, coef)
+    constant = _enum(spec.cost.kernel_model or hw.kernel_model) == "constant"
+    speed = hw.kernel_efficiency if constant else coef.attention_efficiency
+    return [stage_features(st, mm, shape).attn / speed * (d.cp - 1) / d.cp for st in stages]
+
+
+def _core_share(hw, d: Layout) -> float:
+    """Processes of a hardware=cpu run beyond the host's cores share their time: each rank's
+    work takes world / cores as long (hardware.host_cores, measured by the probe; 0 = one
+    core per process)."""
+    cores = getattr(hw, "host_cores", 0) or 0
+    if getattr(getattr(hw, "device", None), "value", "") != "cpu" or cores <= 0:
+        return 1.0
+    return max(1.0, d.world / cores)
 
 
 def _paced_traffic(axes: dict[str, AxisReport], traffic: list[Traffic], stage: int, bidirectional: bool,
@@ -471,13 +560,12 @@ def _scores_s(tt: Traffic, st: Stage, mm: ModelMath, tr, hw, d: Layout) -> float
 
 
 def _data_parallel(axes: dict[str, AxisReport], tiers: dict[str, Tier], d: Layout, comp_mb: float, m: int,
-                   spec, gbps: dict[str, float], commit: bool) -> float:
+                   spec, gbps: dict[str, tuple[float, float]], commit: bool) -> float:
     """What of the data-parallel traffic the step pays (see the module's docstring)."""
     live = [axes[n] for n in ("dp", "edp") if axes[n].calls_per_step]
     if not live:
         return 0.0
-    secs = {a.name: a.bytes_per_step / (gbps[a.name] * 1e9) + a.calls_per_step * tiers[a.name].latency_us * 1e-6
-            for a in live}
+    secs = {a.name: a.bytes_per_step / (gbps[a.name][0] * 1e9) + a.calls_per_step * gbps[a.name][1] for a in live}
     stack = _stack(spec)
     window_kind = _enum(stack.dp_window) if stack is not None else "step"
     overlap = _frac(stack.dp_overlap, 2.0 / 3.0) if stack is not None else 2.0 / 3.0

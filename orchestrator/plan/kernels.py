@@ -93,7 +93,8 @@ def coefficients(hw, cost) -> Coefficients:
         fp8=_clamp(getattr(cost, "fp8_gemm_efficiency", 0.7), 1e-3, 1.0, 0.7),
         elementwise=_clamp(getattr(cost, "elementwise", 1.0), 0.0, 100.0, 1.0),
         attention_efficiency=_clamp(getattr(cost, "attention_efficiency", 0.5), 1e-3, 1.0, 0.5),
-        launch_overhead_us=_clamp(getattr(cost, "launch_overhead_us", 0.0), 0.0, 1e5, 0.0),
+        launch_overhead_us=_clamp(getattr(hw, "launch_overhead_us", None) if getattr(hw, "launch_overhead_us", None)
+                                  is not None else getattr(cost, "launch_overhead_us", 0.0), 0.0, 1e5, 0.0),
     )
 
 

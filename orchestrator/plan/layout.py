@@ -50,6 +50,9 @@ class Layout:
     order: list[str] | None  # innermost first; None = auto (chosen from the traffic)
     experts: int = 0  # routed experts of the model; 0 = dense (the expert grid carries nothing)
     pipeline_rules: str = "torch"  # whose rules the layout was validated under (stack.pipeline_rules)
+    # Transformer layers of every virtual stage in pipeline order, where the stack sets them
+    # itself (stack.pipeline_accounting: the embedding and the loss take a layer's place each)
+    chunk_layers: list[int] | None = None
 
     @property
     def edp(self) -> int:
@@ -85,8 +88,8 @@ class Layout:
         """Layer ranges [start, end) of every virtual stage, in pipeline order: each rank's
         layers split as evenly as possible over its chunks, placed by the schedule."""
         pp, n = self.pp, self.chunks
-        sizes = []
-        for j in range(pp * n):
+        sizes = list(self.chunk_layers or [])
+        for j in range(pp * n if not sizes else 0):
             r = self.schedule.rank_of_stage(j, pp)
             k = self.schedule.stages_of_rank(r, pp, self.vp).index(j)
             layers = self.stage_layers[r]

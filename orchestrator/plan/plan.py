@@ -20,6 +20,7 @@ from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import build_stages
 from orchestrator.plan.topology import RankGrid, Tier, tiers_for
+from orchestrator.plan.uncertainty import plan_interval
 from orchestrator.plan.validate import check_order, validate
 
 
@@ -45,6 +46,9 @@ class Plan:
     active_params: int | None = None
     search: dict | None = None  # layout=auto: the ranking and why the neighbours lost
     placement: Any = None  # plan/placement.py: on real hosts (cluster.topology, cluster.nodelist)
+    # 80% interval of the MFU from leave-one-source-family-out residuals (plan/uncertainty.py)
+    mfu_interval: list[float] | None = None
+    mfu_interval_basis: str | None = None
 
     def grid(self) -> RankGrid:
         """The dense rank grid (tp, cp, dp, pp): every group of attention, dense MLPs and FSDP."""
@@ -78,7 +82,8 @@ class Plan:
         if self.step:
             out["step"] = self.step.to_json()
             out.update(mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu,
-                       tokens_per_s=self.tokens_per_s, model_flops_per_step=self.model_flops_per_step)
+                       tokens_per_s=self.tokens_per_s, model_flops_per_step=self.model_flops_per_step,
+                       mfu_interval=self.mfu_interval, mfu_interval_basis=self.mfu_interval_basis)
             out["axes"] = [a.to_json() for a in self.axes.values() if a.size > 1]
             out["ranks"] = self.grid().to_json()
             out["expert_ranks"] = self.expert_grid().to_json()
@@ -160,6 +165,9 @@ def cost_plan(shaped: Shaped, spec: Config) -> Plan:
     plan.hfu = hw_flops / (world * peak * step.wall_s)
     plan.tflops_per_gpu = plan.mfu * hw.peak_tflops
     plan.tokens_per_s = tokens / step.wall_s
+    iv = plan_interval(plan)
+    if iv is not None:
+        plan.mfu_interval, plan.mfu_interval_basis = [iv[0], iv[1]], iv[2]
     if shaped.blast_radius is None:
         shaped.blast_radius = blast_radius(plan, mm)
     plan.blast_radius = shaped.blast_radius

@@ -54,10 +54,13 @@ def _lines(plan) -> list[str]:
     if plan.placement is not None:
         L += placement_lines(plan.placement)
     if plan.search:
-        L += ["", "layout search (ranked by predicted step time)"]
-        for row in plan.search.get("top", []):
-            L.append(f"  #{row['rank']}: {row['layout']}  step {row['wall_s']:.2f} s  MFU {row['mfu']:.1%}  "
-                     f"memory {row['memory_gib']:.1f} GiB")
+        top = plan.search.get("top", [])
+        by = "the low end of the 80% MFU interval" if top and top[0].get("mfu_interval") else "predicted step time"
+        L += ["", f"layout search (ranked by {by})"]
+        for row in top:
+            iv = row.get("mfu_interval")
+            L.append(f"  #{row['rank']}: {row['layout']}  step {row['wall_s']:.2f} s  MFU {row['mfu']:.1%}"
+                     + (f" [{iv[0]:.1%}, {iv[1]:.1%}]" if iv else "") + f"  memory {row['memory_gib']:.1f} GiB")
         L += [f"  - {why}" for why in plan.search.get("rejected", [])[:8]]
     L += [f"warning: {w}" for w in plan.warnings]
     return L + [f"ERROR {e}" for e in plan.errors]
@@ -110,6 +113,7 @@ def _budget(plan) -> list[str]:
         L.append("  (orchestrate-calibrate), so this predicts this machine on runs like the demo, not a GPU")
     L.append(f"  MFU {_fmt_pct(plan.mfu)}   HFU {_fmt_pct(plan.hfu)}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
              f"{plan.tokens_per_s:,.0f} tokens/s")
+    L.append(_interval_line(plan))
     pub = sp.published
     if pub is not None and pub.mfu is not None:
         ours = plan.hfu if pub.metric == "hfu" else plan.mfu
@@ -117,6 +121,16 @@ def _budget(plan) -> list[str]:
         L.append(f"  published {pub.metric.value.upper()} {pub.mfu:.1%}{tflops} vs predicted "
                  f"{ours:.1%}: {100 * (ours - pub.mfu):+.1f} points  [{pub.source}]")
     return L
+
+
+def _interval_line(plan) -> str:
+    if plan.mfu_interval is None:
+        return "  MFU interval: none (calibrated on GPU runs with the shape kernel model)"
+    lo, hi = plan.mfu_interval
+    key = plan.mfu_interval_basis
+    own = key.split("/")[0] == plan.spec.stack.name
+    return (f"  MFU 80% interval {_fmt_pct(lo)} - {_fmt_pct(hi)} (published runs nobody fitted on, group {key}"
+            + ("" if own else f"; stack {plan.spec.stack.name} has too few of its own") + ")")
 
 
 def _axes(plan) -> list[str]:

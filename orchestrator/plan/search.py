@@ -24,7 +24,7 @@ from orchestrator.plan.judge import memory_only
 from orchestrator.plan.layout import layout_label
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.plan import Plan, plan_spec
-from orchestrator.plan.validate import uneven_split, validate
+from orchestrator.plan.validate import accounted_chunks, uneven_split, validate
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -48,8 +48,9 @@ class Candidate:
 def _variant(spec: Config, c: Candidate, *, schedule: str, vp: int, recompute: str, micro_batch: int) -> Config:
     """spec with this layout; the model and hardware are shared, not copied."""
     L = spec.model.layers
+    own = accounted_chunks(spec.stack, L, c.pp, c.pp * SCHEDULES[schedule].chunks(vp))
     layout = dataclasses.replace(spec.layout, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, vp=vp, search=False,
-                                 stage_layers=uneven_split(L, c.pp) if L % c.pp else None)
+                                 stage_layers=uneven_split(L, c.pp) if L % c.pp and own is None else None)
     training = dataclasses.replace(spec.training, recompute=Recompute(recompute), micro_batch=micro_batch)
     sched = dataclasses.replace(spec.schedule, name=Schedule[schedule], microbatches=None)
     return dataclasses.replace(spec, layout=layout, training=training, schedule=sched)
@@ -168,9 +169,19 @@ def _row(rank: int, plan) -> dict:
             "schedule": d.schedule.name, "recompute": tr.recompute.value, "micro_batch": tr.micro_batch,
             "layout": f"{d.label()} {d.schedule.name} mb{tr.micro_batch} recompute={tr.recompute.value}",
             "wall_s": plan.step.wall_s, "total_s": plan.step.total_s, "mfu": plan.mfu,
+            "mfu_interval": plan.mfu_interval,
             "memory_gib": plan.memory.per_gpu_bytes / GiB,
             "budget": {k: getattr(plan.step, k) for k in ("compute", "tp", "cp", "ep", "pp_bubble", "p2p",
                                                             "dp_exposed")}}
+
+
+def rank_key(plan) -> tuple:
+    """Candidates rank by the low end of their MFU interval (the MFU they reach at 90%
+    confidence), then by predicted step. Where two intervals do not overlap this is the
+    order of the predictions; where they overlap, the layout the model is surer of wins.
+    Without an interval (hardware=cpu, constant kernel model): by predicted step."""
+    lo = plan.mfu_interval[0] if plan.mfu_interval else None
+    return (-lo if lo is not None else 0.0, plan.step.wall_s)
 
 
 def search(spec: Config, refine_top: int = 5):
@@ -198,12 +209,12 @@ def search(spec: Config, refine_top: int = 5):
         why_cp = (f"CP > 1 because none of the {len(no_cp)} layouts without context parallelism is valid and "
                   f"fits: " + "; ".join(mem + other))
         run([c for c in cands if c.cp > 1])
-    ranked = sorted(results.values(), key=lambda r: r[1].step.wall_s)
+    ranked = sorted(results.values(), key=lambda r: rank_key(r[1]))
     for c, _, _ in ranked[:refine_top]:  # phase 2: micro-batch size, virtual stages, schedule
         best, _, note = _best_for(spec, c, mm, refine=True, micro_batches=(1, 2, 4))
         if best is not None and best.step.wall_s < results[c.key][1].step.wall_s:
             results[c.key] = (c, best, note)
-    ranked = sorted(results.values(), key=lambda r: r[1].step.wall_s)
+    ranked = sorted(results.values(), key=lambda r: rank_key(r[1]))
     if not ranked:
         return _nothing_fits(spec, cands, reasons)
     chosen_c, chosen, note = ranked[0]

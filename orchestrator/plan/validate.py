@@ -143,7 +143,10 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
                     zero=zero, dp_shard=dp_shard,
                     micro_batch=spec.training.micro_batch, microbatches=mb,
                     stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order,
-                    experts=spec.model.moe.experts, pipeline_rules=rules)
+                    experts=spec.model.moe.experts, pipeline_rules=rules,
+                    chunk_layers=(accounted_chunks(spec.stack, spec.model.layers, lay.pp,
+                                                   lay.pp * SCHEDULES[spec.schedule.name.value].chunks(lay.vp))
+                                  if lay.stage_layers is None else None))
     if order is not None:
         problems += check_order(layout, order, configured_etp=default_etp(spec), written=_written(lay.order))
     if problems:
@@ -387,6 +390,22 @@ def uneven_split(layers: int, pp: int) -> list[int] | None:
     return split if min(split) >= 1 and sum(split) == layers else None
 
 
+def accounted_chunks(stack, L: int, p: int, n: int) -> list[int] | None:
+    """Transformer layers per virtual stage (pipeline order) when the stack counts the
+    embedding and the loss as a layer each (stack.pipeline_accounting; Megatron-Core's
+    --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the
+    layers plus those two split evenly over pp x vp, the first and last stage build one fewer).
+    `n`: virtual stages (pp x model chunks per rank). None where only transformer layers fill
+    the stages."""
+    mode = str(getattr(stack.pipeline_accounting, "value", stack.pipeline_accounting))
+    if p < 2 or mode == "layers" or (mode == "auto" and L % n == 0) or (L + 2) % n or (L + 2) // n < 1:
+        return None
+    sizes = [(L + 2) // n] * n
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    return sizes if min(sizes) >= 0 and sum(sizes) == L else None
+
+
 def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) -> list[int]:
     """Layers against pp x vp, and the schedule's own rules for virtual stages."""
     lay, L = spec.layout, spec.model.layers
@@ -407,7 +426,7 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
                                 f"{next((d for d in _divisors(L) if d > 1 and (L // d) % v == 0), 2)})."))
         return []
     chunks = sched.chunks(v)
-    if lay.stage_layers is not None:
+    if lay.stage_layers is not None:  # written by hand: as written, whatever the stack's accounting
         sl = list(lay.stage_layers)
         if len(sl) != p or sum(sl) != L or min(sl, default=0) < chunks:
             problems.append(Problem("layout.stage_layers",
@@ -419,8 +438,17 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
     if p > L:
         problems.append(Problem("layout.pp, model.layers", f"pp={p} stages for {L} layers.", f"use pp <= {L}."))
         return []
-    if L % (p * chunks) == 0:
+    accounted = accounted_chunks(spec.stack, L, p, p * chunks)
+    if L % (p * chunks) == 0 and accounted is None:
         return [L // p] * p
+    if accounted is not None:
+        if str(getattr(spec.stack.pipeline_accounting, "value", spec.stack.pipeline_accounting)) == "auto":
+            warnings.append(f"model.layers={L} does not split into pp({p}) x {chunks} chunk(s); planned with the "
+                            f"embedding and the loss counted as a layer each ({L} + 2 = {L + 2}), as Megatron-Core "
+                            f"runs it with --account-for-embedding-in-pipeline-split and "
+                            f"--account-for-loss-in-pipeline-split (stack.pipeline_accounting=auto); without them "
+                            f"it refuses this split.")
+        return [sum(accounted[j] for j in sched.stages_of_rank(r, p, v)) for r in range(p)]
     alt = uneven_split(L, p)
     good_vp = [x for x in _divisors(L // p) if x <= 8] if L % p == 0 and sched.uses_vp else []
     fix = []
@@ -429,6 +457,9 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
                    f"(first and last stage one layer fewer, as Llama 3 405B)")
     if good_vp:
         fix.append(f"use vp in {good_vp}")
+    if accounted_chunks(type("S", (), {"pipeline_accounting": "embedding_loss"}), L, p, p * chunks):
+        fix.append("count the embedding and the loss as a layer each (stack.pipeline_accounting=embedding_loss, "
+                   "Megatron-Core's --account-for-embedding/loss-in-pipeline-split)")
     fix.append(f"use pp in {[d for d in _divisors(L) if 1 < d <= 128][:8]}")
     problems.append(Problem("layout.pp, layout.vp, model.layers",
                             f"model.layers={L} does not split into pp({p}) x {chunks} chunk(s) = {p * chunks} "

@@ -1,0 +1,138 @@
+"""Measure this machine's components and write a site preset (`orchestrate-calibrate --probe`).
+
+The `cpu` preset's step is one fitted factor (kernel_efficiency) that says nothing about which
+part of a step is slow. The probe measures the parts the shape-aware kernel model and the
+collective model need, on this machine, in processes set up as the runtime's ranks are
+(OMP_NUM_THREADS=1, gloo over loopback):
+
+- GEMM rate: fp32 torch.matmul at square shapes 64-512 (best rate -> `peak_tflops`, with
+  `gemm_efficiency` 1: the model's GEMM roofline is then the measured rate);
+- memory bandwidth: a 32 MB tensor copy (read + write) -> `hbm_gbps`;
+- per-op overhead: forward and backward of a 16-element op through autograd (printed), and
+  the runtime's own transformer block (model=tiny) forward and backward over the kernels the
+  shape model counts for it -> `launch_overhead_us` (module calls, autograd and Python
+  between ops, which decide a tiny model's step);
+- gloo all-reduce between `ranks` local processes: 8 bytes (latency -> the tiers' latency)
+  and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s), and how many cores
+  the processes share (`host_cores`: ranks beyond it share the cores' time).
+
+torch is imported here only: `import orchestrator` and the planner stay torch-free.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+def _best(fn, repeat: int = 5, number: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - t) / number)
+    return best
+
+
+def local_components() -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    gemm = {}
+    for n in (64, 128, 256, 512):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        gemm[n] = 2.0 * n ** 3 / _best(lambda: torch.mm(a, b), number=max(1, 2 ** 24 // n ** 3)) / 1e12
+    x, y = torch.empty(8 << 20), torch.randn(8 << 20)
+    hbm = 2 * 4 * x.numel() / _best(lambda: x.copy_(y)) / 1e9
+    w = torch.randn(16, requires_grad=True)
+
+    def ops():
+        z = w
+        for _ in range(50):
+            z = z * 1.0001
+        z.sum().backward()
+
+    per_op = _best(ops, number=4) / 101 * 1e6  # 50 multiplies + the sum, forward and backward
+    return {"gemm_tflops": gemm, "hbm_gbps": hbm, "op_overhead_us": per_op, "layer_op_us": layer_op_us()}
+
+
+def layer_op_us() -> float:
+    """Host time per counted kernel of the runtime's own transformer block (orchestrator/train,
+    model=tiny, one micro-batch, forward and backward, one process): the block's measured time
+    over the kernels the shape model counts for it. Module calls, autograd and Python between
+    the ops are what a tiny model's step costs on a CPU, far above a bare op's dispatch."""
+    import torch
+
+    from orchestrator.config.compose import compose
+    from orchestrator.plan.kernels import layer_features, shape_of
+    from orchestrator.plan.model import ModelMath
+    from orchestrator.plan.plan import plan_spec
+    from orchestrator.train.model import Block
+
+    torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
+    spec = compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=1",
+                    "hardware.kernel_model=shape"])
+    plan = plan_spec(spec)
+    tr = spec.training
+    count = layer_features(ModelMath(spec.model), False, shape_of(plan.layout, tr, spec.hardware, spec)).kernels * 1e6
+    block = Block(spec.model, 0)
+    x = torch.randn(tr.micro_batch, tr.seq_len, spec.model.hidden, requires_grad=True)
+    return _best(lambda: block(x).sum().backward(), number=5) / count * 1e6
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    small, big = torch.zeros(2), torch.zeros(1 << 20)
+    for _ in range(10):
+        dist.all_reduce(small)
+    dist.barrier()
+    lat = _best(lambda: dist.all_reduce(small), repeat=5, number=40)
+    bw_t = _best(lambda: dist.all_reduce(big), repeat=3, number=3)
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(f"{lat} {bw_t} {big.numel() * 4}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives(ranks: int = 2) -> dict:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "gloo.txt")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
+        lat, bw_t, nbytes = (float(x) for x in open(out).read().split())
+    bus = 2.0 * (ranks - 1) / ranks * nbytes / bw_t / 1e9
+    return {"ranks": ranks, "latency_us": lat * 1e6, "bus_gbps": bus}
+
+
+def probe(ranks: int = 2) -> dict:
+    out = local_components()
+    out["gloo"] = collectives(ranks)
+    out["host_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return out
+
+
+def site_preset(measured: dict, base: dict) -> dict:
+    """The `cpu` preset (`base`) with the measured components in place of its rough figures."""
+    g = measured["gloo"]
+    hw = dict(base)
+    hw.update(name="site", peak_tflops=round(max(measured["gemm_tflops"].values()), 6), gemm_efficiency=1.0,
+              hbm_gbps=round(measured["hbm_gbps"], 3), intra_node_gbps=round(g["bus_gbps"], 3),
+              inter_node_gbps=round(g["bus_gbps"], 3), intra_node_latency_us=round(g["latency_us"], 2),
+              inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
+              launch_overhead_us=round(measured.get("layer_op_us", measured["op_overhead_us"]), 3),
+              host_cores=int(measured["host_cores"]))
+    return hw
