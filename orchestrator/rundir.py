@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -131,6 +130,8 @@ def measured(times: list[float], warmup: int = WARMUP_STEPS) -> list[float]:
 
 def measured_step_s(times: list[float], warmup: int = WARMUP_STEPS) -> float:
     """The measured step of one attempt: the median of its steps after the warm-up."""
+    import statistics  # (fractions, decimal: not on the planning path)
+
     if not times:
         raise ValueError("no measured step times")
     return statistics.median(measured(times, warmup))
