@@ -1,0 +1,261 @@
+"""The coordinator on a TCP port, and what a run with several copies needs beside its ranks.
+
+One thread and a selector serve every connection (no thread per leader, no lock held on a
+socket): lines are read, checked (train/wire.py: signature, this connection's nonce, a
+growing sequence number, the copy the connection speaks for), and handed to the
+Coordinator; replies are queued and written by the same loop. A connection that sends
+nothing valid within `auth_s`, or too many refused lines, is closed; a leader's connection
+that closes is its copy lost (Coordinator.closed). The listen backlog is large, so a
+burst of connects at 2,048 leaders is not refused.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.train import wire
+
+MAX_REFUSED = 64  # refused lines on one connection before it is closed
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket, nonce: str):
+        self.sock, self.nonce = sock, nonce
+        self.inbuf, self.out = b"", b""
+        self.seq, self.copy, self.refused = 0, None, 0
+        self.opened = time.monotonic()
+
+
+class ControlServer:
+    def __init__(self, coordinator, key: bytes, host: str = "127.0.0.1", backlog: int = 4096,
+                 tick_s: float = 0.1, auth_s: float = 30.0, on_tick=None):
+        self.coordinator, self.key, self.tick_s, self.auth_s, self.on_tick = coordinator, key, tick_s, auth_s, on_tick
+        self.listener = socket.create_server((host, 0), backlog=backlog)
+        self.listener.setblocking(False)
+        self.port = self.listener.getsockname()[1]
+        self.host = host
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.lock = threading.Lock()  # guards the out buffers (replies may come from the supervisor's thread)
+        self.conns: dict[int, _Conn] = {}
+        self.dirty: set[int] = set()
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, name="control-server", daemon=True)
+        self.thread.start()
+
+    def address(self, host: str | None = None) -> str:
+        return f"{host or self.host}:{self.port}"
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        last = time.monotonic()
+        while self.running:
+            for key, mask in self.sel.select(timeout=self.tick_s):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    try:
+                        self.wake_r.recv(65536)
+                    except BlockingIOError:
+                        pass
+                elif mask & selectors.EVENT_READ:
+                    self._read(key.data)
+                if mask & selectors.EVENT_WRITE and key.data in self.conns:
+                    self._flush(key.data)
+            with self.lock:
+                dirty, self.dirty = self.dirty, set()
+            for fd in dirty:
+                self._flush(fd)
+            if time.monotonic() - last >= self.tick_s:
+                last = time.monotonic()
+                self.coordinator.tick()
+                self._expire()
+                if self.on_tick is not None:
+                    self.on_tick()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, a connect reset before accept: the next one may do
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock, secrets.token_hex(16))
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, sock.fileno())
+            self._queue(conn, {"op": "hello", "nonce": conn.nonce})
+
+    def _read(self, fd: int) -> None:
+        conn = self.conns.get(fd)
+        if conn is None:
+            return
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            return self._close(fd)
+        conn.inbuf += data
+        while b"\n" in conn.inbuf:
+            line, conn.inbuf = conn.inbuf.split(b"\n", 1)
+            self._line(conn, line)
+            if fd not in self.conns:
+                return
+        if len(conn.inbuf) > wire.MAX_LINE:
+            self._refuse(conn, "oversized", close=True)
+
+    def _line(self, conn: _Conn, line: bytes) -> None:
+        try:
+            body = wire.decode(self.key, line)
+        except wire.Refused as e:
+            return self._refuse(conn, str(e))
+        seq, copy = body.get("seq"), body.get("copy")
+        if body.get("nonce") != conn.nonce:
+            return self._refuse(conn, "replayed")  # signed, but for another connection
+        if not isinstance(seq, int) or seq <= conn.seq:
+            return self._refuse(conn, "replayed")  # this connection's line, sent again
+        conn.seq = seq
+        if conn.copy is not None and copy != conn.copy:
+            return self._refuse(conn, "copy_mismatch")
+        before = sum(self.coordinator.dropped.values())
+        self.coordinator.handle(body, lambda answer, c=conn, s=seq: self._reply(c, s, answer))
+        if sum(self.coordinator.dropped.values()) > before:
+            conn.refused += 1
+        elif conn.copy is None and isinstance(copy, int):
+            conn.copy = copy  # this connection speaks for this copy from now on
+
+    def _refuse(self, conn: _Conn, reason: str, close: bool = False) -> None:
+        self.coordinator.drop(reason)
+        conn.refused += 1
+        if close or conn.refused > MAX_REFUSED:
+            self._close(conn.sock.fileno())
+
+    def _reply(self, conn: _Conn, seq: int, answer: dict) -> None:
+        self._queue(conn, {**answer, "nonce": conn.nonce, "seq": seq})
+
+    def _queue(self, conn: _Conn, body: dict) -> None:
+        data = wire.encode(self.key, body)
+        with self.lock:
+            conn.out += data
+            self.dirty.add(conn.sock.fileno())
+        if threading.current_thread() is not self.thread:
+            try:
+                self.wake_w.send(b"x")
+            except OSError:
+                pass
+
+    def _flush(self, fd: int) -> None:
+        conn = self.conns.get(fd)
+        if conn is None:
+            return
+        with self.lock:
+            try:
+                sent = conn.sock.send(conn.out) if conn.out else 0
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                conn.out = b""
+                sent = -1
+            if sent >= 0:
+                conn.out = conn.out[sent:]
+            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        if sent < 0:
+            return self._close(fd)
+        self.sel.modify(conn.sock, want, fd)
+
+    def _expire(self) -> None:
+        """Connections that never authenticated within auth_s are closed (and counted)."""
+        now = time.monotonic()
+        for fd, conn in list(self.conns.items()):
+            if conn.copy is None and conn.seq == 0 and now - conn.opened > self.auth_s:
+                self.coordinator.drop("idle_unauthenticated")
+                self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        conn = self.conns.pop(fd, None)
+        if conn is None:
+            return
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.copy is not None:
+            self.coordinator.closed(conn.copy)
+
+    def close(self) -> None:
+        self.running = False
+        self.wake_w.send(b"x")
+        self.thread.join(timeout=5)
+        for conn in list(self.conns.values()):
+            conn.sock.close()
+        self.listener.close()
+        self.sel.close()
+        self.wake_r.close()
+        self.wake_w.close()
+
+
+def bind_address(host: str) -> str:
+    """Where to listen: 127.0.0.1 for a local run; on SLURM the address of the first node's
+    host name (the allocation's own interface), never every interface."""
+    if host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    return socket.gethostbyname(host)
+
+
+class JobServices:
+    """What a run with several copies of the state needs beside its ranks: the job's
+    rendezvous store (a process of its own, orchestrator.train.store, so it outlives any
+    rank), the coordinator on a TCP port, and the job's secret (RUN_DIR/control.key, 0600).
+    `env` is what every rank needs to find them (the secret by its file, not its value)."""
+
+    def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float, host: str,
+                 run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None):
+        from orchestrator.launch.control import Coordinator
+
+        self.run_dir, self.say = Path(run_dir or plan_dir), say or (lambda text: print(text, flush=True))
+        bind = bind_address(host)
+        key_file = wire.make_secret(self.run_dir)
+        self.store = subprocess.Popen([sys.executable, "-m", "orchestrator.train.store", "0", bind],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        port = int(self.store.stdout.readline())
+        self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s)
+        self.reported = 0
+        self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
+        job = os.environ.get("SLURM_JOB_ID") or secrets.token_hex(4)
+        self.env = {"ORCH_STORE": f"{bind}:{port}", "ORCH_CONTROL": self.server.address(bind),
+                    wire.KEY_ENV: str(key_file), "ORCH_JOB": f"job{job}.{secrets.token_hex(2)}"}
+        from orchestrator.launch.status import write_status
+
+        write_status(self.run_dir, control_address=self.env["ORCH_CONTROL"])  # not a secret: the key is
+
+    def _report(self) -> None:
+        """Dropped control messages into the job's log and status.json (when their count changes)."""
+        counts = self.coordinator.counts()
+        if counts["dropped_total"] == self.reported:
+            return
+        self.reported = counts["dropped_total"]
+        from orchestrator.launch.status import write_status
+
+        write_status(self.run_dir, control=counts)
+        self.say(f"control: {counts['dropped_total']} message(s) dropped so far {counts['dropped']}")
+
+    def close(self) -> None:
+        self.server.close()
+        self._report()
+        self.store.kill()
+        self.store.wait()
