@@ -173,3 +173,39 @@ def test_fuzz_of_the_protocol_with_emulated_leaders():
 def test_the_secret_is_owner_only(tmp_path):
     path = wire.make_secret(tmp_path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(wire.read_secret(path)) == 64
+
+
+def test_runs_are_owner_only_and_another_users_run_is_refused(tmp_path, monkeypatch):
+    from orchestrator.launch import privacy
+
+    old = os.umask(0o022)
+    try:
+        privacy.owner_only(tmp_path / "run", group_readable=False)
+        (tmp_path / "run" / "plan.json").write_text("{}")
+        assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(tmp_path / "run" / "plan.json").st_mode) == 0o600
+        privacy.owner_only(tmp_path / "shared", group_readable=True)
+        assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o750
+    finally:
+        os.umask(old)
+    assert privacy.other_owner(tmp_path / "run", None, allow=False) == []
+    if os.getuid() == 0:  # give it to another user for real
+        os.chown(tmp_path / "run", 4321, 4321)
+    else:
+        monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)
+    (problem,) = privacy.other_owner(tmp_path / "run", None, allow=False)
+    assert problem.key == "launcher.allow_other_owner" and str(tmp_path / "run") in problem.message
+    assert privacy.other_owner(tmp_path / "run", None, allow=True) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to hand a directory to another user")
+def test_the_cli_refuses_to_write_into_another_users_run(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "run").mkdir()
+    os.chown(tmp_path / "run", 4321, 4321)
+    r = run_cli(["hardware=cpu", "model=tiny", "figures=false"], tmp_path)
+    assert r.returncode == 2 and "launcher.allow_other_owner" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "plan.json").exists()
+    r = run_cli(["hardware=cpu", "model=tiny", "figures=false", "launcher.allow_other_owner=true"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
