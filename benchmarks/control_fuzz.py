@@ -40,8 +40,10 @@ def outsider_lines(rng: random.Random, captured: bytes | None) -> list[bytes]:
     step = rng.randrange(1000)
     junk = bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 200))).replace(b"\n", b" ")
     lines = [DOS, b'{"op":"commit","copy":0,"gen":0,"step":%d,"sums":[0,1,0]}\n' % step,
-             wire.encode(bad_key, {"op": "commit", "copy": 0, "gen": 0, "step": step, "sums": [0.0, 1.0, 0.0]}),
-             wire.encode(bad_key, {"op": "failed", "copy": 1, "gen": 0, "step": step}),
+             wire.encode(bad_key, {"op": "commit", "copy": 0, "gen": 0, "step": step, "sums": [0.0, 1.0, 0.0]},
+                         secrets.token_hex(16), 1),
+             wire.encode(bad_key, {"op": "failed", "copy": 1, "gen": 0, "step": step}, secrets.token_hex(16), 2),
+             b"0" * 64 + b" abc 1 {\"op\":\"join\",\"copy\":7,\"gen\":0,\"now\":true}\n",
              junk + b"\n", b"{not json\n", b"[1, 2, 3]\n", b'{"body": {"op": "join"}, "mac": 5}\n']
     if captured:  # a line sniffed off a leader's connection, sent again on another
         lines.append(captured)
@@ -59,7 +61,7 @@ def insider_lines(client: wire.Client, key: bytes, rng: random.Random) -> list[b
     out = []
     for _ in range(rng.randrange(1, 4)):
         client.seq += 1
-        line = wire.encode(key, {**rng.choice(bodies), "nonce": client.nonce, "seq": client.seq})
+        line = wire.encode(key, rng.choice(bodies), client.nonce, client.seq)
         out += [line, line] if rng.random() < 0.3 else [line]  # the second copy: replayed on this connection
     return out
 
@@ -75,8 +77,7 @@ class Leader(threading.Thread):
         for step in range(self.steps):
             body = {"op": "commit", "copy": self.copy, "gen": 0, "step": step, "sums": [float(self.copy + step), 1.0,
                                                                                         0.0]}
-            self.last_line = wire.encode(self.client.key, {**body, "nonce": self.client.nonce,
-                                                           "seq": self.client.seq + 1})
+            self.last_line = wire.encode(self.client.key, body, self.client.nonce, self.client.seq + 1)
             self.answers.append(self.client.request(body, timeout_s=60))
         self.client.send({"op": "bye", "copy": self.copy, "gen": 0})
 

@@ -73,6 +73,7 @@ class Coordinator:
         self.changing: float | None = None  # when the current membership change began
         self.answer: dict | None = None  # the last reform/exit, for copies that ask late
         self.dropped: Counter = Counter()
+        self._dropped = 0
         self.commits = 0
         self.commit_s: deque = deque(maxlen=4096)  # first arrival -> grant, per step (bounded)
         self.last_commit = time.time()
@@ -120,6 +121,10 @@ class Coordinator:
     def drop(self, reason: str) -> None:
         with self.lock:
             self.dropped[reason] += 1
+            self._dropped += 1
+
+    def dropped_total(self) -> int:
+        return self._dropped
 
     # ---- the leaders' side ----------------------------------------------------------------
     def handle(self, msg: dict, reply) -> None:
@@ -127,7 +132,7 @@ class Coordinator:
         with self.lock:
             why = self._invalid(msg)
             if why:
-                self.dropped[why] += 1
+                self.drop(why)
                 return
             op, copy = msg["op"], msg["copy"]
             if op == "join":
@@ -253,7 +258,7 @@ class Coordinator:
         """What the job's log and status show: commits, and what was dropped, by reason."""
         with self.lock:
             return {"generation": self.current.gen, "commits": self.commits, "dropped": dict(self.dropped),
-                    "dropped_total": sum(self.dropped.values())}
+                    "dropped_total": self._dropped}
 
 
 from orchestrator.launch.control_server import ControlServer, JobServices  # noqa: E402,F401  (the launchers' entry)

@@ -30,6 +30,7 @@ class _Conn:
         self.sock, self.nonce = sock, nonce
         self.inbuf, self.out = b"", b""
         self.seq, self.copy, self.refused = 0, None, 0
+        self.writing = False
         self.opened = time.monotonic()
 
 
@@ -49,6 +50,7 @@ class ControlServer:
         self.lock = threading.Lock()  # guards the out buffers (replies may come from the supervisor's thread)
         self.conns: dict[int, _Conn] = {}
         self.dirty: set[int] = set()
+        self._last: tuple = (None, b"")
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="control-server", daemon=True)
         self.thread.start()
@@ -95,7 +97,7 @@ class ControlServer:
             conn = _Conn(sock, secrets.token_hex(16))
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, sock.fileno())
-            self._queue(conn, {"op": "hello", "nonce": conn.nonce})
+            self._queue(conn, {"op": "hello"}, 0)
 
     def _read(self, fd: int) -> None:
         conn = self.conns.get(fd)
@@ -120,20 +122,18 @@ class ControlServer:
 
     def _line(self, conn: _Conn, line: bytes) -> None:
         try:
-            body = wire.decode(self.key, line)
+            nonce, seq, body = wire.decode(self.key, line)
         except wire.Refused as e:
             return self._refuse(conn, str(e))
-        seq, copy = body.get("seq"), body.get("copy")
-        if body.get("nonce") != conn.nonce:
-            return self._refuse(conn, "replayed")  # signed, but for another connection
-        if not isinstance(seq, int) or seq <= conn.seq:
-            return self._refuse(conn, "replayed")  # this connection's line, sent again
+        if nonce != conn.nonce or seq <= conn.seq:
+            return self._refuse(conn, "replayed")  # signed, but for another connection, or sent again
         conn.seq = seq
+        copy = body.get("copy")
         if conn.copy is not None and copy != conn.copy:
             return self._refuse(conn, "copy_mismatch")
-        before = sum(self.coordinator.dropped.values())
+        before = self.coordinator.dropped_total()
         self.coordinator.handle(body, lambda answer, c=conn, s=seq: self._reply(c, s, answer))
-        if sum(self.coordinator.dropped.values()) > before:
+        if self.coordinator.dropped_total() > before:
             conn.refused += 1
         elif conn.copy is None and isinstance(copy, int):
             conn.copy = copy  # this connection speaks for this copy from now on
@@ -145,10 +145,12 @@ class ControlServer:
             self._close(conn.sock.fileno())
 
     def _reply(self, conn: _Conn, seq: int, answer: dict) -> None:
-        self._queue(conn, {**answer, "nonce": conn.nonce, "seq": seq})
+        if self._last[0] is not answer:  # one answer to every leader: serialised once, signed per leader
+            self._last = (answer, wire.canonical(answer))
+        self._queue(conn, self._last[1], seq)
 
-    def _queue(self, conn: _Conn, body: dict) -> None:
-        data = wire.encode(self.key, body)
+    def _queue(self, conn: _Conn, body, seq: int) -> None:
+        data = wire.encode(self.key, body, conn.nonce, seq)
         with self.lock:
             conn.out += data
             self.dirty.add(conn.sock.fileno())
@@ -172,10 +174,12 @@ class ControlServer:
                 sent = -1
             if sent >= 0:
                 conn.out = conn.out[sent:]
-            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+            writing = bool(conn.out)
         if sent < 0:
             return self._close(fd)
-        self.sel.modify(conn.sock, want, fd)
+        if writing != conn.writing:  # ask for write readiness only while something is left to send
+            conn.writing = writing
+            self.sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0), fd)
 
     def _expire(self) -> None:
         """Connections that never authenticated within auth_s are closed (and counted)."""

@@ -1,13 +1,15 @@
 """The control protocol's wire format, shared by the coordinator (launch/control.py) and the
 copy leaders (train/replicas.py); torch-free.
 
-One JSON object a line: {"body": {...}, "mac": hex}. The MAC is HMAC-SHA256 over the body's
-canonical JSON (sorted keys, no spaces) with the job's secret (RUN_DIR/control.key, mode
-0600, made at every launch; the ranks find it through ORCH_CONTROL_KEY_FILE, never on a
-command line). On connect the server sends a signed hello with a fresh nonce; every
-message of that connection carries the nonce and a sequence number that only grows, and
-every reply echoes both, so a line copied from another connection, or sent twice, is
-refused on either side.
+One message a line: `MAC NONCE SEQ JSON`. JSON is the body in canonical form (sorted keys,
+no spaces); MAC is HMAC-SHA256, in hex, over `NONCE SEQ JSON` exactly as sent, with the
+job's secret (RUN_DIR/control.key, mode 0600, made at every launch; the ranks find it
+through ORCH_CONTROL_KEY_FILE, never on a command line). On connect the server sends a
+signed hello with a fresh nonce (SEQ 0); every message of that connection carries that
+nonce and a sequence number that only grows, and every reply echoes both, so a line
+copied from another connection, or sent twice, is refused on either side. Signing the
+bytes as sent costs one HMAC and one JSON parse a message; an answer that goes to every
+leader is serialised once and only signed per leader.
 """
 from __future__ import annotations
 
@@ -34,34 +36,30 @@ def canonical(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def mac(key: bytes, body: dict) -> str:
-    return hmac.new(key, canonical(body), hashlib.sha256).hexdigest()
+def encode(key: bytes, body: dict | bytes, nonce: str, seq: int) -> bytes:
+    """One signed line; `body` may come already in canonical form (bytes), to sign it again cheaply."""
+    payload = body if isinstance(body, bytes) else canonical(body)
+    head = f"{nonce} {seq} ".encode()
+    return hmac.new(key, head + payload, hashlib.sha256).hexdigest().encode() + b" " + head + payload + b"\n"
 
 
-def encode(key: bytes, body: dict) -> bytes:
-    return json.dumps({"body": body, "mac": mac(key, body)}, separators=(",", ":")).encode() + b"\n"
-
-
-def decode(key: bytes, line: bytes) -> dict:
-    """The body of a signed line, or Refused(reason)."""
+def decode(key: bytes, line: bytes) -> tuple[str, int, dict]:
+    """(nonce, seq, body) of a signed line, or Refused(reason)."""
     if len(line) > MAX_LINE:
         raise Refused("oversized")
+    parts = line.rstrip(b"\n").split(b" ", 3)
+    if len(parts) != 4 or len(parts[0]) != 64 or line.startswith(b"{"):
+        raise Refused("unsigned")
+    want = hmac.new(key, parts[1] + b" " + parts[2] + b" " + parts[3], hashlib.sha256).hexdigest().encode()
+    if not hmac.compare_digest(want, parts[0]):
+        raise Refused("bad_mac")
     try:
-        msg = json.loads(line)
+        nonce, seq, body = parts[1].decode(), int(parts[2]), json.loads(parts[3])
     except (ValueError, UnicodeDecodeError):
         raise Refused("malformed") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("body"), dict):
-        raise Refused("unsigned")
-    sig = msg.get("mac")
-    if not isinstance(sig, str):
-        raise Refused("unsigned")
-    try:
-        want = mac(key, msg["body"])
-    except (TypeError, ValueError):
-        raise Refused("malformed") from None
-    if not hmac.compare_digest(want, sig):
-        raise Refused("bad_mac")
-    return msg["body"]
+    if not isinstance(body, dict):
+        raise Refused("malformed")
+    return nonce, seq, body
 
 
 def make_secret(run_dir: Path) -> Path:
@@ -109,29 +107,30 @@ class Client:
                 time.sleep(0.2)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.rfile = self.sock.makefile("rb")
-        hello = decode(key, self.rfile.readline(MAX_LINE + 1))
-        self.nonce = hello["nonce"]
+        self.nonce, _, hello = decode(key, self.rfile.readline(MAX_LINE + 1))
+        if hello.get("op") != "hello":
+            raise ConnectionError(f"the coordinator said {hello!r} instead of hello")
 
     def request(self, body: dict, timeout_s: float | None) -> dict:
         """Send one message; its reply (verified, for this nonce and sequence number)."""
         self.seq += 1
         self.sock.settimeout(timeout_s)
-        self.sock.sendall(encode(self.key, {**body, "nonce": self.nonce, "seq": self.seq}))
+        self.sock.sendall(encode(self.key, body, self.nonce, self.seq))
         while True:
             line = self.rfile.readline(MAX_LINE + 1)
             if not line:
                 raise ConnectionError("the coordinator closed the connection")
             try:
-                reply = decode(self.key, line)
+                nonce, seq, reply = decode(self.key, line)
             except Refused:
                 continue  # not from the coordinator: ignored
-            if reply.get("nonce") == self.nonce and reply.get("seq") == self.seq:
+            if nonce == self.nonce and seq == self.seq:
                 return reply
 
     def send(self, body: dict) -> None:
         """A message that gets no answer (bye)."""
         self.seq += 1
-        self.sock.sendall(encode(self.key, {**body, "nonce": self.nonce, "seq": self.seq}))
+        self.sock.sendall(encode(self.key, body, self.nonce, self.seq))
 
     def close(self) -> None:
         try:
