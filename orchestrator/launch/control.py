@@ -71,6 +71,7 @@ class Coordinator:
         self.dead: set[int] = set()
         self.finished: set[int] = set()
         self.changing: float | None = None  # when the current membership change began
+        self.first_report = 0.0  # when the first copy reached the boundary in this change
         self.answer: dict | None = None  # the last reform/exit, for copies that ask late
         self.dropped: Counter = Counter()
         self._dropped = 0
@@ -146,7 +147,7 @@ class Coordinator:
             if op == "commit" and self.changing is None:
                 return self._commit(copy, msg["step"], msg["sums"], reply)
             self.waiting[copy] = reply
-            self.reporting[copy] = msg["step"]
+            self._report(copy, msg["step"])
             self.sums.pop(copy, None)
             self._begin_change()
             self._maybe_conclude()
@@ -212,15 +213,22 @@ class Coordinator:
             return
         self.changing = self.clock()
         for c in self.sums:  # who already asked to commit this step waits at its boundary
-            self.reporting[c] = self.step
+            self._report(c, self.step)
         self.sums, self.first_at = {}, None
 
+    def _report(self, copy: int, step: int) -> None:
+        if not self.reporting:
+            self.first_report = self.clock()
+        self.reporting[copy] = step
+
     def _maybe_conclude(self) -> None:
-        """Every copy still alive reached the boundary, or the quorum window passed."""
+        """Every copy still alive reached the boundary, or `quorum_s` passed since the first did (not
+        since the change began: survivors blocked in a collective until its timeout all report
+        late, together, and must not be cut off by a window that ran out while they were blocked)."""
         if self.changing is None or not self.reporting:
             return
         alive = self.members - self.dead
-        if alive <= set(self.reporting) or self.clock() - self.changing > self.quorum_s:
+        if alive <= set(self.reporting) or self.clock() - self.first_report > self.quorum_s:
             self._conclude()
 
     def _conclude(self) -> None:
