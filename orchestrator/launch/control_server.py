@@ -52,6 +52,7 @@ class ControlServer:
         self.dirty: set[int] = set()
         self._last: tuple = (None, b"")
         self.running = True
+        self.last_tick = time.monotonic()
         self.thread = threading.Thread(target=self._loop, name="control-server", daemon=True)
         self.thread.start()
 
@@ -60,30 +61,38 @@ class ControlServer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
-        last = time.monotonic()
         while self.running:
-            for key, mask in self.sel.select(timeout=self.tick_s):
-                if key.data == "accept":
-                    self._accept()
-                elif key.data == "wake":
-                    try:
-                        self.wake_r.recv(65536)
-                    except BlockingIOError:
-                        pass
-                elif mask & selectors.EVENT_READ:
-                    self._read(key.data)
-                if mask & selectors.EVENT_WRITE and key.data in self.conns:
-                    self._flush(key.data)
-            with self.lock:
-                dirty, self.dirty = self.dirty, set()
-            for fd in dirty:
-                self._flush(fd)
-            if time.monotonic() - last >= self.tick_s:
-                last = time.monotonic()
-                self.coordinator.tick()
-                self._expire()
-                if self.on_tick is not None:
-                    self.on_tick()
+            try:
+                self._serve_once()
+            except Exception:  # a bug (or a decision that raised) must not silence the coordinator
+                import traceback
+
+                self.coordinator.drop("internal_error")
+                traceback.print_exc()
+
+    def _serve_once(self) -> None:
+        for key, mask in self.sel.select(timeout=self.tick_s):
+            if key.data == "accept":
+                self._accept()
+            elif key.data == "wake":
+                try:
+                    self.wake_r.recv(65536)
+                except BlockingIOError:
+                    pass
+            elif mask & selectors.EVENT_READ:
+                self._read(key.data)
+            if mask & selectors.EVENT_WRITE and key.data in self.conns:
+                self._flush(key.data)
+        with self.lock:
+            dirty, self.dirty = self.dirty, set()
+        for fd in dirty:
+            self._flush(fd)
+        if time.monotonic() - self.last_tick >= self.tick_s:
+            self.last_tick = time.monotonic()
+            self.coordinator.tick()
+            self._expire()
+            if self.on_tick is not None:
+                self.on_tick()
 
     def _accept(self) -> None:
         while True:
