@@ -395,10 +395,14 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, see
         back.append(t + CONSTANTS["repair_s"])
     overhead = ckpt_s / every if every else 0.0  # blocking checkpoint writes
     ettr = (T - lost) / T * (1 - overhead)
+    from orchestrator.plan.judge import goodput
+
+    predicted = goodput(plan)["predicted_ettr"]
     return {"replay": "llama3_54_days", "config": name, "interruptions": len(kinds), "days": days,
             "warm_spare_copies": spares, "restarts": restarts, "lost_hours": round(lost / 3600, 2),
             "checkpoint_interval_s": round(every, 1), "checkpoint_overhead": round(overhead, 5),
-            "ettr": round(ettr, 4)}
+            "ettr": round(ettr, 4), "plan_predicted_ettr": round(predicted, 4),
+            "plan_minus_sim_points": round(100 * (predicted - ettr), 2)}
 
 
 def main() -> None:
