@@ -127,7 +127,7 @@ class Sim:
         self.t_fail: float | None = None
         self.detected: float | None = None
         self.first_after: float | None = None
-        self.steps = steps or (20 if scenario == "flap" else 12)
+        self.steps = steps or (20 if scenario == "flap" else 12 if self.R < 5000 else 8)  # failure at step 3
         self.slow: dict[int, float] = {}
         self.last_step = -1
         self.gen_of: dict[int, int] = {}
@@ -192,10 +192,10 @@ class Sim:
             return
         rd = self._round(gen, step)
         rd["arrived"][c] = self.now
-        broken = [b for b in rd["members"] if b in self.broken]
+        broken = [b for b in self.broken if b in rd["members"]]  # O(failures), not O(R)
         if broken:
             return self._fail_later(rd, c, gen, step, broken)
-        if set(rd["arrived"]) >= rd["members"]:
+        if len(rd["arrived"]) == len(rd["members"]):
             for m in rd["members"]:
                 t = self.now + 2e-4 * self.rng.random()  # the copy's own agreement and its leader
                 rd["sent"] = max(rd["sent"], t)
@@ -230,7 +230,7 @@ class Sim:
             rd = self.rounds.get((gen, step))
             if rd is not None:
                 rd["got"].add(c)
-                if rd["got"] >= rd["members"]:
+                if len(rd["got"]) == len(rd["members"]):
                     self.lat.append(self.now - rd["sent"])
             if self.t_fail is not None and self.first_after is None and gen > 0:
                 self.first_after = self.now
