@@ -13,7 +13,6 @@ leader is serialised once and only signed per leader.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import math
@@ -40,7 +39,7 @@ def encode(key: bytes, body: dict | bytes, nonce: str, seq: int) -> bytes:
     """One signed line; `body` may come already in canonical form (bytes), to sign it again cheaply."""
     payload = body if isinstance(body, bytes) else canonical(body)
     head = f"{nonce} {seq} ".encode()
-    return hmac.new(key, head + payload, hashlib.sha256).hexdigest().encode() + b" " + head + payload + b"\n"
+    return hmac.digest(key, head + payload, "sha256").hex().encode() + b" " + head + payload + b"\n"
 
 
 def decode(key: bytes, line: bytes) -> tuple[str, int, dict]:
@@ -50,7 +49,7 @@ def decode(key: bytes, line: bytes) -> tuple[str, int, dict]:
     parts = line.rstrip(b"\n").split(b" ", 3)
     if len(parts) != 4 or len(parts[0]) != 64 or line.startswith(b"{"):
         raise Refused("unsigned")
-    want = hmac.new(key, parts[1] + b" " + parts[2] + b" " + parts[3], hashlib.sha256).hexdigest().encode()
+    want = hmac.digest(key, parts[1] + b" " + parts[2] + b" " + parts[3], "sha256").hex().encode()
     if not hmac.compare_digest(want, parts[0]):
         raise Refused("bad_mac")
     try:
