@@ -96,7 +96,7 @@ def measure(R: int, steps: int, old: bool) -> dict:
         server, key = mod.ControlServer(coord, host="127.0.0.1"), None
     else:
         from orchestrator.launch.control import Coordinator
-        from orchestrator.launch.control_server import ControlServer
+        from orchestrator.launch.control import ControlServer
 
         key = secrets.token_bytes(32)
         coord = Coordinator(list(range(R)), "plan", lambda *a: None, quorum_s=60, commit_timeout_s=600)

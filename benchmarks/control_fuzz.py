@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.launch.control import Coordinator, Decision  # noqa: E402
-from orchestrator.launch.control_server import ControlServer  # noqa: E402
+from orchestrator.launch.control import ControlServer, Coordinator, Decision  # noqa: E402
 from orchestrator.train import wire  # noqa: E402
 
 DOS = b'{"op": "join", "copy": 7, "gen": 0, "now": true}\n'

@@ -395,7 +395,7 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, see
         back.append(t + CONSTANTS["repair_s"])
     overhead = ckpt_s / every if every else 0.0  # blocking checkpoint writes
     ettr = (T - lost) / T * (1 - overhead)
-    from orchestrator.plan.judge import goodput
+    from orchestrator.plan.goodput import goodput
 
     predicted = goodput(plan)["predicted_ettr"]
     return {"replay": "llama3_54_days", "config": name, "interruptions": len(kinds), "days": days,

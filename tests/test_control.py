@@ -15,8 +15,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from control_fuzz import DOS, fuzz  # noqa: E402
 
-from orchestrator.launch.control import Coordinator, Decision  # noqa: E402
-from orchestrator.launch.control_server import ControlServer  # noqa: E402
+from orchestrator.launch.control import ControlServer, Coordinator, Decision  # noqa: E402
 from orchestrator.train import wire  # noqa: E402
 
 

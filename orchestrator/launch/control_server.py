@@ -10,15 +10,11 @@ burst of connects at 2,048 leaders is not refused.
 """
 from __future__ import annotations
 
-import os
 import secrets
 import selectors
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 from orchestrator.train import wire
 
@@ -220,55 +216,3 @@ class ControlServer:
         self.sel.close()
         self.wake_r.close()
         self.wake_w.close()
-
-
-def bind_address(host: str) -> str:
-    """Where to listen: 127.0.0.1 for a local run; on SLURM the address of the first node's
-    host name (the allocation's own interface), never every interface."""
-    if host in ("127.0.0.1", "localhost"):
-        return "127.0.0.1"
-    return socket.gethostbyname(host)
-
-
-class JobServices:
-    """What a run with several copies of the state needs beside its ranks: the job's
-    rendezvous store (a process of its own, orchestrator.train.store, so it outlives any
-    rank), the coordinator on a TCP port, and the job's secret (RUN_DIR/control.key, 0600).
-    `env` is what every rank needs to find them (the secret by its file, not its value)."""
-
-    def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float, host: str,
-                 run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None):
-        from orchestrator.launch.control import Coordinator
-
-        self.run_dir, self.say = Path(run_dir or plan_dir), say or (lambda text: print(text, flush=True))
-        bind = bind_address(host)
-        key_file = wire.make_secret(self.run_dir)
-        self.store = subprocess.Popen([sys.executable, "-m", "orchestrator.train.store", "0", bind],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        port = int(self.store.stdout.readline())
-        self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s)
-        self.reported = 0
-        self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
-        job = os.environ.get("SLURM_JOB_ID") or secrets.token_hex(4)
-        self.env = {"ORCH_STORE": f"{bind}:{port}", "ORCH_CONTROL": self.server.address(bind),
-                    wire.KEY_ENV: str(key_file), "ORCH_JOB": f"job{job}.{secrets.token_hex(2)}"}
-        from orchestrator.launch.status import write_status
-
-        write_status(self.run_dir, control_address=self.env["ORCH_CONTROL"])  # not a secret: the key is
-
-    def _report(self) -> None:
-        """Dropped control messages into the job's log and status.json (when their count changes)."""
-        counts = self.coordinator.counts()
-        if counts["dropped_total"] == self.reported:
-            return
-        self.reported = counts["dropped_total"]
-        from orchestrator.launch.status import write_status
-
-        write_status(self.run_dir, control=counts)
-        self.say(f"control: {counts['dropped_total']} message(s) dropped so far {counts['dropped']}")
-
-    def close(self) -> None:
-        self.server.close()
-        self._report()
-        self.store.kill()
-        self.store.wait()
