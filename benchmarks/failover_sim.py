@@ -367,7 +367,8 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
 
 
 def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, seed: int = 0) -> dict:
-    """Llama 3's 419 interruptions over 54 days: each costs its kind's simulated recovery (and the
+    """Llama 3's 419 interruptions over 54 days on 16,384 GPUs (the same mix at the same rate per GPU
+    for another size): each costs its kind's simulated recovery (and the
     step in flight); with no warm spare left, or the supervisor's node, a restart from the last
     checkpoint (the plan's Young/Daly interval). ETTR = productive time / wall time."""
     plan, rng = plan_of(name), random.Random(seed)
@@ -375,7 +376,9 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, see
     every, ckpt_s = br["checkpoint_interval_s"], br["checkpoint_seconds"]
     by_kind = {r["scenario"]: r for r in rows if r["config"] == name}
     T = days * 86400.0
-    kinds = [k for _, n, k in LLAMA3_TABLE5 for _ in range(n)]
+    mix = [k for _, n, k in LLAMA3_TABLE5 for _ in range(n)]  # 419 on 16,384 GPUs: scaled to this size
+    kinds = [rng.choice(mix) for _ in range(round(len(mix) * plan.world_size / 16384))] if plan.world_size != 16384 \
+        else mix
     times = sorted(rng.uniform(0, T) for _ in kinds)
     rng.shuffle(kinds)
     back: list[float] = []  # when the failed nodes return as spares
