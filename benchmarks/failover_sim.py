@@ -4,8 +4,8 @@ The REAL coordinator (launch/control.Coordinator, its clock made virtual) and th
 decision (launch/inplace.InPlace: the planner re-plans every new generation, written to a
 temporary run directory) with the copy leaders emulated by a discrete-event model. Every
 message goes through the real wire format (train/wire.py: signed, checked, parsed) and the
-coordinator's real code; the CPU time the server side takes is measured and charged to a
-single server on the virtual clock, so queueing at R leaders is real. What the model does
+coordinator's real code; the CPU time the server side takes (thread time) is measured and charged
+to a single server on the virtual clock, so queueing at R leaders is real. What the model does
 not run, it states (CONSTANTS): the network hop, a crashed peer's reset, SLURM's node-down
 and requeue times, the state transfer rate, the store's service rate (measured here with
 torch's TCPStore when torch is there).
@@ -27,6 +27,7 @@ import argparse
 import functools
 import heapq
 import json
+import math
 import random
 import secrets
 import sys
@@ -366,7 +367,7 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
     return {"config": name, **Sim(name, kind, seed=seed).run()}
 
 
-def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, seed: int = 0) -> dict:
+def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None = None, seed: int = 0) -> dict:
     """Llama 3's 419 interruptions over 54 days on 16,384 GPUs (the same mix at the same rate per GPU
     for another size): each costs its kind's simulated recovery (and the
     step in flight); with no warm spare left, or the supervisor's node, a restart from the last
@@ -376,6 +377,8 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, see
     every, ckpt_s = br["checkpoint_interval_s"], br["checkpoint_seconds"]
     by_kind = {r["scenario"]: r for r in rows if r["config"] == name}
     T = days * 86400.0
+    if spares is None:  # warm spare copies sized to the repair pipeline: failures per repair time, plus one
+        spares = math.ceil(CONSTANTS["repair_s"] / (br["job_mtbf_hours"] * 3600.0)) + 1
     mix = [k for _, n, k in LLAMA3_TABLE5 for _ in range(n)]  # 419 on 16,384 GPUs: scaled to this size
     kinds = [rng.choice(mix) for _ in range(round(len(mix) * plan.world_size / 16384))] if plan.world_size != 16384 \
         else mix
@@ -402,7 +405,8 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int = 2, see
 
     predicted = goodput(plan)["predicted_ettr"]
     return {"replay": "llama3_54_days", "config": name, "interruptions": len(kinds), "days": days,
-            "warm_spare_copies": spares, "restarts": restarts, "lost_hours": round(lost / 3600, 2),
+            "warm_spare_copies": spares, "spare_gpu_share": round(spares / (plan.layout.dp_replicate + spares), 4),
+            "restarts": restarts, "lost_hours": round(lost / 3600, 2),
             "checkpoint_interval_s": round(every, 1), "checkpoint_overhead": round(overhead, 5),
             "ettr": round(ettr, 4), "plan_predicted_ettr": round(predicted, 4),
             "plan_minus_sim_points": round(100 * (predicted - ettr), 2)}
