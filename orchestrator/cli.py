@@ -260,6 +260,13 @@ def run(overrides: list[str], argv: list[str], config_dir: str | None = None, co
         problems = launcher.preflight()
         if problems:
             return print_rejection(problems, "submitted" if plan.spec.launcher.name.value == "slurm" else "launched")
+    from orchestrator.launch import privacy  # owner-only by default; another user's run refused
+
+    lc = plan.spec.launcher
+    refused = privacy.other_owner(run_dir, plan.spec.training.checkpoint.dir, lc.allow_other_owner)
+    if refused:
+        return print_rejection(refused)
+    privacy.owner_only(run_dir, lc.group_readable)
     paths = write_plan(plan, run_dir, figures=plan.spec.figures and plan.valid, command=argv, overrides=overrides)
     write_config(run_dir, cfg, overrides, argv)
     print(f"\nplan written to {paths['json']}" + (" (pictures beside it)" if "cluster" in paths else ""))

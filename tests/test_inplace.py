@@ -23,11 +23,37 @@ def _events(run):
     return json.loads((run / "failover.json").read_text())
 
 
+def _fuzz_the_coordinator(run, sent: list) -> None:
+    """Unsigned, forged and malformed lines at the run's coordinator while it trains (#28)."""
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from control_fuzz import at_address
+
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
+        if status.get("control_address"):
+            sent.append(at_address(status["control_address"], seconds=600))
+            return
+        time.sleep(0.1)
+
+
 def test_a_lost_node_drops_its_copy_in_place_and_a_node_back_rejoins(tmp_path, uninterrupted):
+    import threading
+
+    run, sent = tmp_path / "run", []
+    fuzzer = threading.Thread(target=_fuzz_the_coordinator, args=(run, sent), daemon=True)
+    fuzzer.start()
     r = run_cli([*COMMON, "cluster.nodes=2", "training.steps=60", "fault.kill_node=1", "fault.at_step=3",
                  "fault.rejoin_at_step=5", "training.log_every=10"], tmp_path, timeout=900)
-    run = tmp_path / "run"
+    fuzzer.join(30)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    control = json.loads((run / "status.json").read_text())["control"]  # every line dropped, and said
+    assert sent and sent[0] > 0 and control["dropped_total"] > 0 and "dropped so far" in r.stdout
     shrink, grow = _events(run)
     assert shrink["mode"] == "in_place" and shrink["steps_lost"] == 0 and shrink["copies_lost"] == [1]
     assert shrink["old_layout"]["dp"] == 4 and shrink["new_layout"]["dp"] == 2

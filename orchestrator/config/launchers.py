@@ -22,6 +22,8 @@ class LauncherConfig:
 
     name: LauncherName = MISSING
     job_name: str = "orchestrator"
+    group_readable: bool = False  # the run directory, checkpoints and logs readable by the group (never writable)
+    allow_other_owner: bool = False  # use a run or checkpoint directory that belongs to another user
 
 
 @dataclass

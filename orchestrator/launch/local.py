@@ -99,7 +99,8 @@ class LocalWorkers(Workers):
 
         self._close_services()
         self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir), policy.decide,
-                                    self.spec.failover.quorum_s, host="127.0.0.1")
+                                    self.spec.failover.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
+                                    commit_timeout_s=self.spec.failover.timeout_s, say=self.say)
         self.coordinator = self.services.coordinator
         return self.services.env
 
@@ -113,6 +114,7 @@ class LocalWorkers(Workers):
         for k in range(len(slots) // size):
             copy = self.next_copy
             self.next_copy += 1
+            self.coordinator.expect(copy)  # only copies launched here may join
             for local in range(size):
                 node, _ = slots[k * size + local]
                 self.job.spawn(local, node, {"RANK": local, "WORLD_SIZE": self.job.world, "ORCH_JOIN_COPY": copy,

@@ -94,7 +94,8 @@ class SrunWorkers(Workers):
 
             self._close()
             self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
-                                        policy.decide, self.spec.failover.quorum_s, host=socket.gethostname())
+                                        policy.decide, self.spec.failover.quorum_s, host=socket.gethostname(),
+                                        run_dir=str(self.run_dir), commit_timeout_s=self.spec.failover.timeout_s)
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)

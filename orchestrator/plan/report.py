@@ -154,6 +154,11 @@ def _blast(plan) -> list[str]:
         L.append(f"  job MTBF {br['job_mtbf_hours']:.1f} h; checkpoint {fmt_bytes(br['checkpoint_bytes'])} "
                  f"in {_fmt_s(br['checkpoint_seconds'])}; Young/Daly interval "
                  f"{br['checkpoint_interval_s'] / 60:.1f} min (overhead {br['expected_overhead']:.1%})")
+        from orchestrator.plan.goodput import goodput
+
+        g = goodput(plan)
+        L.append(f"  goodput: predicted ETTR {g['predicted_ettr']:.1%} ("
+                 + ("in place" if g["in_place"] else "restart") + f": a failure costs ~{_fmt_s(g['lost_per_failure_s'])})")
     return L
 
 

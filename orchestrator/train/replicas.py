@@ -2,36 +2,46 @@
 dropped in place (layout.dp_shard < dp; launch/control.py is the other side).
 
 Each copy trains in its own torch world (its FSDP, TP, CP and PP groups never span
-copies). Per generation the copies build two kinds of gloo groups straight over the job's
-rendezvous store, outside torch's registry: `live` (every rank of every copy: loss and
-stop flag) and `replica` (the ranks at the same position in every copy: gradient
-averaging, and the state a newcomer receives). When a collective on them fails, the
-groups are dropped (references released and collected, so their sockets close and the
-other survivors fail fast instead of waiting for the timeout) and the copy's leader asks
-the coordinator what the next generation is.
+copies). Per generation the copies build one kind of gloo group straight over the job's
+rendezvous store, outside torch's registry: `replica` (the ranks at the same position in
+every copy: gradient averaging, and the state a newcomer receives). Nothing per step spans
+all N ranks: the loss and the stop flag are summed inside each copy and cross copies
+through the copy leaders' commit messages (the coordinator answers with the totals).
+When a collective fails, the groups are dropped (references released and collected, so
+their sockets close and the other survivors fail fast instead of waiting for the timeout)
+and the copy's leader asks the coordinator what the next generation is.
+
+Store traffic per rebuild (N ranks, R copies of N/R ranks): N/R groups of R members, made
+with gloo's lazy init (TORCH_GLOO_LAZY_INIT), so a rank publishes its address once and reads
+only the peers it talks to: ring all-reduce 2, the state broadcast 1 (R-1 for its root).
+About 3N store operations a rebuild, whatever R; gloo's full mesh would be N(R-1) reads.
+Every key is under the job's prefix (ORCH_JOB): the store cannot authenticate.
 """
 from __future__ import annotations
 
 import gc
-import json
-import socket
+import os
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from orchestrator.train import wire
 
-def connect_store(addr: str, timeout_s: float = 120.0) -> dist.TCPStore:
-    """A client of the job's store; retried with a short connect timeout (a client that
-    starts its connect before the server listens can otherwise hang for the whole timeout)."""
+
+def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
+    """A client of the job's store, under the job's key prefix (ORCH_JOB); retried with a short
+    connect timeout (a client that starts its connect before the server listens can
+    otherwise hang for the whole timeout)."""
     host, port = addr.rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=1))
             store.set_timeout(timedelta(seconds=timeout_s))
-            return store
+            job = os.environ.get("ORCH_JOB")
+            return dist.PrefixStore(job, store) if job else store
         except (RuntimeError, dist.DistError):
             if time.monotonic() > deadline:
                 raise
@@ -42,14 +52,12 @@ class Replicas:
     def __init__(self, store: dist.TCPStore, control: str | None, copy: int, local_rank: int, copy_size: int,
                  timeout_s: float, copies: list[int]):
         self.store, self.copy, self.local, self.size = store, copy, local_rank, copy_size
-        self.timeout = timedelta(seconds=timeout_s)
+        self.timeout_s, self.timeout = timeout_s, timedelta(seconds=timeout_s)
         self.gen, self.copies = -1, list(copies)
-        self.live = self.replica = None
-        self.sock = self.rfile = None
+        self.replica = None
+        self.client = None
         if control and local_rank == 0:  # the copy's leader speaks for it
-            host, port = control.rsplit(":", 1)
-            self.sock = socket.create_connection((host, int(port)), timeout=None)
-            self.rfile = self.sock.makefile("r")
+            self.client = wire.Client(control, wire.env_secret())
 
     @property
     def index(self) -> int:
@@ -60,27 +68,46 @@ class Replicas:
         """The groups of generation `gen` over `copies` (every member calls this)."""
         self.drop()
         self.gen, self.copies = gen, list(copies)
-        n = len(self.copies)
-        live = dist.PrefixStore(f"gen{gen}/live", self.store)
-        self.live = dist.ProcessGroupGloo(live, self.index * self.size + self.local, n * self.size, self.timeout)
+        os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # pairs connect on first use: O(peers used) store reads
         rep = dist.PrefixStore(f"gen{gen}/replica{self.local}", self.store)
-        self.replica = dist.ProcessGroupGloo(rep, self.index, n, self.timeout)
+        self.replica = dist.ProcessGroupGloo(rep, self.index, len(self.copies), self.timeout)
 
     def drop(self) -> None:
         """Release this generation's groups now: their sockets close, and peers blocked on them
         fail at once instead of after the timeout."""
-        self.live = self.replica = None
+        self.replica = None
         gc.collect()
 
-    def ask(self, msg: dict) -> dict:
+    def ask(self, msg: dict, timeout_s: float | None = None) -> dict:
         """The leader asks the coordinator; every rank of the copy gets the same answer."""
         box = [None]
-        if self.sock is not None:
-            self.sock.sendall((json.dumps({**msg, "copy": self.copy, "gen": self.gen}) + "\n").encode())
-            line = self.rfile.readline()
-            box[0] = json.loads(line) if line else {"op": "exit", "reason": "the coordinator went away"}
+        if self.client is not None:
+            try:
+                box[0] = self.client.request({**msg, "copy": self.copy, "gen": self.gen}, timeout_s)
+            except (OSError, ConnectionError, wire.Refused) as e:
+                box[0] = {"op": "exit", "reason": f"the coordinator went away ({type(e).__name__}: {e})"}
         dist.broadcast_object_list(box, src=0)  # inside the copy's own world
         return box[0]
+
+    def commit(self, step: int, ok: bool, sums: torch.Tensor) -> dict:
+        """End of a step: the copy's (loss, count, stop) summed inside the copy, with whether every
+        rank got through the cross-copy collectives; the leader asks to commit (or reports the
+        failure) with them, and the answer carries the totals over every copy."""
+        flag = torch.cat([sums.to(torch.float64), torch.tensor([0.0 if ok else 1.0], dtype=torch.float64)])
+        dist.all_reduce(flag)  # this copy's world only
+        failed = flag[3].item() > 0
+        body = {"op": "failed" if failed else "commit", "step": step, "sums": [float(x) for x in flag[:3]]}
+        # The coordinator answers within its commit deadline plus the quorum window; past that it is gone.
+        return self.ask(body, timeout_s=4 * self.timeout_s + 60)
+
+    def finish(self) -> None:
+        """The copy is done: say so, so that its connection closing is not read as a loss."""
+        if self.client is not None:
+            try:
+                self.client.send({"op": "bye", "copy": self.copy, "gen": self.gen})
+            except OSError:
+                pass
+            self.client.close()
 
     @staticmethod
     def all_reduce(pg, tensor: torch.Tensor) -> None:
@@ -88,12 +115,6 @@ class Replicas:
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
         pg.allreduce([tensor], opts).wait()
-
-    def agree(self, ok: bool) -> bool:
-        """Did every rank of this copy get through the cross-copy collectives?"""
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
 
     def broadcast_state(self, tensors: list[torch.Tensor], src_index: int) -> None:
         """Every tensor of this position's state from the copy at `src_index` (a newcomer

@@ -1,9 +1,16 @@
-"""The job's rendezvous store, in a process of its own: `python -m orchestrator.train.store PORT`.
+"""The job's rendezvous store, in a process of its own:
+`python -m orchestrator.train.store PORT HOST` (HOST: 127.0.0.1 locally, the first node's
+address on SLURM; never every interface).
 
 Every copy of the model state initialises its torch world through it (under its own
 prefix), and the groups that cross copies are rebuilt through it at every generation, so
 it must outlive any rank: the launcher (or the SLURM supervisor) starts it and it serves
 until stdin closes or it is killed. It prints its port once it listens.
+
+torch's TCPStore has no authentication: whoever reaches the port can read and write keys.
+So nothing that decides membership or commits lives here (that is the coordinator's,
+authenticated, launch/control.py), and every key of a job is under its own prefix
+(ORCH_JOB, train/replicas.connect_store).
 """
 from __future__ import annotations
 
@@ -12,10 +19,17 @@ from datetime import timedelta
 
 
 def main() -> None:
+    import socket
+
     from torch.distributed import TCPStore
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=24))
+    host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
+    # TCPStore alone listens on every interface whatever its host: hand it a socket bound to `host`.
+    sock = socket.create_server((host, port), backlog=4096)
+    port = sock.getsockname()[1]
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=24),
+                     master_listen_fd=sock.fileno())
     print(store.port, flush=True)
     sys.stdin.read()  # serve until the parent closes our stdin (or kills us)
 

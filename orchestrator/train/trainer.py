@@ -216,17 +216,16 @@ class Trainer:
         ok = True
         try:
             sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
-            rep.all_reduce(rep.live, agg)
         except RuntimeError:  # a copy is gone: drop the groups now, so every peer learns it fast
             ok = False
             rep.drop()
-        answer = rep.ask({"op": "commit" if rep.agree(ok) else "failed", "step": step})
+        answer = rep.commit(step, ok, agg)  # the loss and stop flag cross copies through the leaders
         if answer["op"] == "commit":
             for opt in self.opts:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            self._stop_flag = agg[2].item() > 0
-            return (agg[0] / agg[1]).item()
+            self._stop_flag = bool(answer["stop"])
+            return answer["loss"]
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
         self.reform(answer)
@@ -325,6 +324,8 @@ class Trainer:
             step += 1
         if pending is not None:
             pending.finish()
+        if self.replicas is not None:
+            self.replicas.finish()  # the leader's bye: its connection closing is not a loss
         log.close()
         self._finish(start)
         return self.history

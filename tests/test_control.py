@@ -1,0 +1,209 @@
+"""The control plane lets no one else in (issue #28) and holds at scale (issue #24): the real
+Coordinator and ControlServer over loopback sockets, copy leaders emulated with the
+runtime's own client (train/wire.py). Torch-free; behaviour, not timings."""
+import os
+import secrets
+import socket
+import stat
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from control_fuzz import DOS, fuzz  # noqa: E402
+
+from orchestrator.launch.control import ControlServer, Coordinator, Decision  # noqa: E402
+from orchestrator.train import wire  # noqa: E402
+
+
+class Job:
+    """A coordinator of `copies` on a port; `decide` keeps the survivors and admits every joiner."""
+
+    def __init__(self, copies, quorum_s=5.0, commit_timeout_s=60.0):
+        self.key, self.decisions = secrets.token_bytes(32), []
+        self.coord = Coordinator(list(copies), "plan0", self.decide, quorum_s=quorum_s,
+                                 commit_timeout_s=commit_timeout_s)
+        self.server = ControlServer(self.coord, self.key)
+        self.addr = self.server.address()
+
+    def decide(self, alive, dead, joiners, step):
+        self.decisions.append((alive, dead, joiners, step))
+        return Decision(True, f"plan{len(self.decisions)}", list(alive) + list(joiners))
+
+    def leader(self):
+        return wire.Client(self.addr, self.key)
+
+    def raw(self, data: bytes):
+        s = socket.create_connection(("127.0.0.1", self.server.port), timeout=5)
+        s.sendall(data)
+        return s
+
+    def settle(self, dropped: int):
+        """Wait (bounded) for the server to have counted `dropped` lines."""
+        deadline = time.monotonic() + 10
+        while self.coord.counts()["dropped_total"] < dropped and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.coord.counts()
+
+
+@pytest.fixture
+def job():
+    j = Job([0, 1])
+    yield j
+    j.server.close()
+
+
+def commit(client, copy, step, gen=0, loss=1.0, timeout=30):
+    return client.request({"op": "commit", "copy": copy, "gen": gen, "step": step, "sums": [loss, 1.0, 0.0]},
+                          timeout)
+
+
+def both_commit(job, a, b, step):
+    import threading
+
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault(1, commit(b, 1, step, loss=3.0)))
+    t.start()
+    out[0] = commit(a, 0, step, loss=1.0)
+    t.join(30)
+    return out
+
+
+def test_the_issue_28_join_and_every_kind_of_bad_line_are_dropped_counted_and_change_nothing(job):
+    a, b = job.leader(), job.leader()
+    assert both_commit(job, a, b, 0)[0] == {"op": "commit", "step": 0, "loss": 2.0, "stop": False}
+    sniffed = wire.encode(job.key, {"op": "commit", "copy": 0, "gen": 0, "step": 1, "sums": [0.0, 1.0, 0.0]},
+                          a.nonce, 2)  # a's next line, seen on the wire
+    forged = wire.encode(b"not the key", {"op": "failed", "copy": 1, "gen": 0, "step": 1}, a.nonce, 2)
+    bad = [DOS, forged, sniffed, b"{not json\n", b'{"op": "commit", "copy": 0, "gen": 0, "step": 1}\n']
+    socks = [job.raw(line) for line in bad]
+    counts = job.settle(len(bad))
+    assert counts["dropped"] == {"unsigned": 3, "bad_mac": 1, "replayed": 1}
+    # a's own line sent twice on its own connection: the second is a replay
+    a.sock.sendall(sniffed + sniffed)
+    a.seq = 2
+    counts = job.settle(len(bad) + 1)
+    assert counts["dropped"]["replayed"] == 2
+    assert commit(b, 1, 1, loss=3.0)["op"] == "commit"  # the step completes with a's (first) line
+    assert wire.decode(job.key, a.rfile.readline())[2]["step"] == 1
+    counts = job.coord.counts()
+    assert job.coord.current.gen == 0 and job.coord.current.copies == [0, 1] and not job.decisions
+    assert counts["commits"] == 2 and counts["generation"] == 0
+    for s in socks:
+        s.close()
+
+
+def test_signed_but_out_of_protocol_messages_are_dropped(job):
+    a, b, insider = job.leader(), job.leader(), job.leader()
+    for body in [{"op": "explode", "copy": 0, "gen": 0}, {"op": "join", "copy": 7, "gen": 0, "now": True},
+                 {"op": "commit", "copy": 5, "gen": 0, "step": 0, "sums": [0, 1, 0]},
+                 {"op": "commit", "copy": 0, "gen": 3, "step": 0, "sums": [0, 1, 0]},
+                 {"op": "commit", "copy": 0, "gen": 0, "step": 0, "sums": [0, "1"]}]:
+        insider.send(body)
+    counts = job.settle(5)
+    assert counts["dropped"] == {"unknown_op": 1, "join_not_launched": 1, "not_in_generation": 1,
+                                 "future_generation": 1, "malformed": 1}
+    both_commit(job, a, b, 0)
+    a.send({"op": "commit", "copy": 0, "gen": 0, "step": 5, "sums": [0, 1, 0]})  # not the step being committed
+    assert job.settle(6)["dropped"]["wrong_step"] == 1
+    assert not job.decisions and job.coord.current.gen == 0
+
+
+def test_a_closed_leader_connection_is_its_copy_lost_and_a_bye_is_not(job):
+    a, b = job.leader(), job.leader()
+    both_commit(job, a, b, 0)
+    b.close()  # copy 1's leader gone without a word: the others re-form without it
+    answer = commit(a, 0, 1)
+    assert answer["op"] == "reform" and answer["copies"] == [0] and answer["step"] == 1
+    assert job.decisions == [([0], [1], [], 1)]
+    a.send({"op": "bye", "copy": 0, "gen": 1})
+    time.sleep(0.2)
+    a.close()
+    time.sleep(0.3)
+    assert len(job.decisions) == 1  # a finished copy closing is not a loss
+
+
+def test_a_silent_copy_is_dropped_after_the_commit_deadline_and_the_quorum_window():
+    job = Job([0, 1, 2], quorum_s=0.3, commit_timeout_s=0.3)
+    try:
+        a, b, _hung = job.leader(), job.leader(), job.leader()
+        import threading
+
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("b", commit(b, 1, 0)))
+        t.start()
+        out["a"] = commit(a, 0, 0)  # copy 2 never asks: nobody waits without a deadline
+        t.join(30)
+        assert out["a"]["op"] == out["b"]["op"] == "reform" and out["a"]["copies"] == [0, 1]
+        assert job.decisions == [([0, 1], [2], [], 0)]
+    finally:
+        job.server.close()
+
+
+def test_a_launched_spare_joins_once_and_a_never_launched_copy_cannot_loop_the_job(job):
+    a, b = job.leader(), job.leader()
+    job.coord.expect(2)
+    spare = job.leader()
+    import threading
+
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("spare", spare.request({"op": "join", "copy": 2, "gen": -1,
+                                                                                "now": True}, 30)))
+    t.start()
+    time.sleep(0.2)
+    answers = both_commit(job, a, b, 0)
+    t.join(30)
+    assert answers[0]["op"] == "reform" and got["spare"]["copies"] == [0, 1, 2] and len(job.decisions) == 1
+    job.raw(DOS).close()
+    time.sleep(0.3)
+    assert len(job.decisions) == 1 and job.coord.changing is None
+
+
+def test_fuzz_of_the_protocol_with_emulated_leaders():
+    r = fuzz(leaders=8, steps=30, seed=1)
+    assert r["commits_in_order"] and r["losses_right"] and r["commits"] == 30
+    assert r["dropped_total"] == r["bad_lines_sent"] >= 40 and r["generation"] == 0 and r["decisions"] == 0
+
+
+def test_the_secret_is_owner_only(tmp_path):
+    path = wire.make_secret(tmp_path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(wire.read_secret(path)) == 64
+
+
+def test_runs_are_owner_only_and_another_users_run_is_refused(tmp_path, monkeypatch):
+    from orchestrator.launch import privacy
+
+    old = os.umask(0o022)
+    try:
+        privacy.owner_only(tmp_path / "run", group_readable=False)
+        (tmp_path / "run" / "plan.json").write_text("{}")
+        assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(tmp_path / "run" / "plan.json").st_mode) == 0o600
+        privacy.owner_only(tmp_path / "shared", group_readable=True)
+        assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o750
+    finally:
+        os.umask(old)
+    assert privacy.other_owner(tmp_path / "run", None, allow=False) == []
+    if os.getuid() == 0:  # give it to another user for real
+        os.chown(tmp_path / "run", 4321, 4321)
+    else:
+        monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)
+    (problem,) = privacy.other_owner(tmp_path / "run", None, allow=False)
+    assert problem.key == "launcher.allow_other_owner" and str(tmp_path / "run") in problem.message
+    assert privacy.other_owner(tmp_path / "run", None, allow=True) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to hand a directory to another user")
+def test_the_cli_refuses_to_write_into_another_users_run(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "run").mkdir()
+    os.chown(tmp_path / "run", 4321, 4321)
+    r = run_cli(["hardware=cpu", "model=tiny", "figures=false"], tmp_path)
+    assert r.returncode == 2 and "launcher.allow_other_owner" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "plan.json").exists()
+    r = run_cli(["hardware=cpu", "model=tiny", "figures=false", "launcher.allow_other_owner=true"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
