@@ -60,8 +60,11 @@ class FaultMode(str, Enum):
 
 
 class BatchPolicy(str, Enum):
-    keep = "keep"  # the global batch stays exact (more micro-batches per replica, or fewer nodes)
-    adjust = "adjust"  # round it down to what the survivors can run, and report the change
+    # the global batch stays exact over every surviving whole replica: its micro-batches split
+    # unevenly when the replicas do not divide them (some take one more; training.uneven_batch)
+    keep = "keep"
+    even = "even"  # exact and evenly split: fewer micro-batches per micro-batch size, or fewer nodes
+    adjust = "adjust"  # round it down to what the survivors can run evenly, and report the change
 
 
 # Generated from the schedule registry: adding a schedule there adds it here.
@@ -282,6 +285,10 @@ class TrainingConfig:
     data: Optional[str] = None  # fsspec URL of a flat token file (uint16); None = synthetic stream
     adam_eps: float = 1e-8
     flash_attention: bool = True
+    # The global batch's micro-batches may split unevenly over the data-parallel replicas (the
+    # first global_batch/micro_batch % dp replicas take one more; gradients weighted so the update
+    # is the full batch's). Failover re-plans set it to keep every surviving replica; dense models.
+    uneven_batch: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
 

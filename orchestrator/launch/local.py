@@ -160,6 +160,10 @@ class LocalWorkers(Workers):
                 outcome = self._node_lost(node, slot, code, dropped)
                 if outcome is not None:
                     return outcome
+            if self.policy.refused:  # every copy was told to leave: re-plan and restart
+                self.stop()
+                return Outcome(False, list(self.lost) or [], f"cannot go on in place: {self.policy.refused}",
+                               self._detected())
             members = set(self.coordinator.current.copies)
             waiting = {s for s in range(len(self.job.procs)) if self.copy_of.get(s) not in members} - set(done)
             if waiting and set(done) | waiting == set(range(len(self.job.procs))):

@@ -60,6 +60,7 @@ def layout_of(plan, nodes: int) -> dict:
 
 
 EXIT_STOPPED = 3  # the run saved and stopped on request; it continues from its checkpoint
+EXIT_INCOMPLETE = 6  # every rank ended, with steps missing (a failover path that ended the run early)
 
 
 def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: int = 0) -> int:
@@ -85,7 +86,13 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             plan, attempt = policy.plan, policy.attempt
             write_status(run_dir, next_attempt=attempt + 1)
         if outcome.ok:
-            write_status(run_dir, state="completed", message=f"finished after {failovers} failover(s)")
+            missing = _missing_steps(run_dir, spec.training.steps, attempt)
+            if missing:  # every rank ended, but not at the last step: never say it finished
+                write_status(run_dir, state="failed", message=missing)
+                say(f"\nFAILED: {missing}", file=sys.stderr)
+                return EXIT_INCOMPLETE
+            write_status(run_dir, state="completed", message=f"finished all {spec.training.steps} steps after "
+                         f"{failovers} restart(s) and {_in_place_count(run_dir)} in-place failover(s)")
             _measured(run_dir, say)
             return 0
         if outcome.stopped:
@@ -128,6 +135,22 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
             f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
         alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1
+
+
+def _missing_steps(run_dir: Path, steps: int, attempt: int) -> str | None:
+    """Why a run whose ranks all ended well is not complete (None: every step ran). A runtime
+    that keeps no metrics.jsonl (an external trainer) is taken at its word."""
+    if not (Path(run_dir) / "metrics.jsonl").exists():
+        return None
+    done = steps_completed(run_dir, range(attempt + 1))
+    if done >= steps:
+        return None
+    return (f"every rank ended, but only {done} of training.steps={steps} steps completed ({steps - done} "
+            f"missing); see failover.json and the logs")
+
+
+def _in_place_count(run_dir: Path) -> int:
+    return len([e for e in events.read_events(run_dir) if e.get("mode") in ("in_place", "spare")])
 
 
 def _measured(run_dir: Path, say) -> None:

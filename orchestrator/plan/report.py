@@ -138,6 +138,12 @@ def _blast(plan) -> list[str]:
         L.append(f"  job MTBF {br['job_mtbf_hours']:.1f} h; checkpoint {fmt_bytes(br['checkpoint_bytes'])} "
                  f"in {_fmt_s(br['checkpoint_seconds'])}; Young/Daly interval "
                  f"{br['checkpoint_interval_s'] / 60:.1f} min (overhead {br['expected_overhead']:.1%})")
+    loss = br.get("after_node_loss")
+    if loss and loss["nodes"]:
+        L.append(f"  after one node lost: {loss['nodes']} nodes, dp {loss['dp']}, global batch {loss['global_batch']}"
+                 f"{' (split unevenly)' if loss.get('uneven_batch') else ''}, step {_fmt_s(loss['step_s'])}")
+    elif loss:
+        L.append(f"  after one node lost: nothing goes on ({'; '.join(loss['problems'])})")
     return L
 
 

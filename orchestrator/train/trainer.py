@@ -30,7 +30,7 @@ from orchestrator.plan import checkpoints as store
 from orchestrator.plan import events
 from orchestrator.plan.metrics import measured_mfu
 from orchestrator.train import checkpoint as ckpt
-from orchestrator.train.data import TokenSource
+from orchestrator.train.data import TokenSource, share
 from orchestrator.train.logger import Logger
 from orchestrator.train import world
 from orchestrator.train.model import cp_shard
@@ -44,8 +44,13 @@ EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops an
 EXIT_LEFT = 5  # this copy is not part of the next generation (the coordinator said so)
 
 
+IGNORE = -100  # the label of a padding micro-batch's tokens: they add nothing to the loss or the gradient
+
+
 def loss_fn(logits, labels):
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    """Token-mean cross entropy of one micro-batch (a padding one: 0, and no gradient)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+                           ignore_index=IGNORE) / labels.numel()
 
 
 def _scalar(x) -> float:
@@ -122,7 +127,8 @@ class Trainer:
         if self.lay["pp"] > 1:
             from orchestrator.train.pipeline import build_schedule  # only with pipeline stages
 
-            self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device, loss_fn)
+            self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
+                                              lambda out, y: loss_fn(out, y) * self._weight * self.lay["microbatches"])
         if self.replicas is None:
             self.dp_rank = self.coords[self.plan["mesh"]["data"]]
         else:
@@ -174,17 +180,36 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         if self.experts is not None:
             self.expert_stats = self.experts.after_step()
-        # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
-        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
+        # The mean over every micro-batch of the step: each rank that computed a loss (all TP
+        # ranks of the last stage agree) weighs by its micro-batches.
+        agg = torch.tensor(self._loss_terms(local), dtype=torch.float64)
         dist.all_reduce(agg)
         return (agg[0] / agg[1]).item()
 
+    def _loss_terms(self, local: float | None) -> list[float]:
+        return [local * self._real, float(self._real)] if local is not None else [0.0, 0.0]
+
     def _forward_backward(self, step: int) -> float | None:
-        tr, cp = self.spec.training, self.lay["cp"]
-        idx = self.data.indices(step, tr.global_batch, self.lay["dp"], self.dp_rank)
-        tokens = self.data.batch(idx).to(self.device)
+        """Forward and backward over this rank's micro-batches; their mean loss (None off the last
+        stage). With an uneven split (training.uneven_batch) each micro-batch weighs dp / M of the
+        step's M, so summed over the replicas the update is the full batch's; a rank with one
+        fewer runs a padding micro-batch (labels IGNORE) where the others' collectives need it."""
+        tr, cp, dp, b = self.spec.training, self.lay["cp"], self.lay["dp"], self.spec.training.micro_batch
+        M = tr.global_batch // b
+        _, self._real = share(M, dp, self.dp_rank)
+        self._weight = dp / M
+        in_step = self.schedule is not None or self.lay["dp_shard"] > 1  # peers count my micro-batches
+        run = self.lay["microbatches"] if in_step else self._real
+        idx = self.data.indices(step, tr.global_batch, dp, self.dp_rank, b)
+        tokens = self.data.batch(idx)
+        labels = tokens[:, 1:].clone()
+        if run > self._real:
+            pad = (run - self._real) * b
+            tokens = torch.cat([tokens, tokens[:1].expand(pad, -1)])
+            labels = torch.cat([labels, torch.full((pad, labels.shape[1]), IGNORE, dtype=labels.dtype)])
+        tokens, labels = tokens.to(self.device), labels.to(self.device)
         inputs = cp_shard(tokens[:, :-1], cp, self.coords["cp"])
-        labels = cp_shard(tokens[:, 1:], cp, self.coords["cp"])
+        labels = cp_shard(labels, cp, self.coords["cp"])
         if self.records:
             with open(self.run_dir / "samples" / f"rank{self.rank}.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
@@ -197,14 +222,15 @@ class Trainer:
                 kw = {"target": labels, "losses": losses} if self.has_last else {}
                 self.schedule.step(*args, **kw)
                 if self.has_last:
-                    local = sum(_scalar(x) for x in losses) / len(losses)
+                    local = sum(_scalar(x) for x in losses) / (self._weight * run * self._real)
             else:
-                model, m, b = self.parts[0][1], self.lay["microbatches"], tr.micro_batch
+                model = self.parts[0][1]
                 local = 0.0
-                for k in range(m):
-                    loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b]) / m
-                    loss.backward()
+                for k in range(run):
+                    loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b])
+                    (loss * self._weight).backward()
                     local += _scalar(loss)
+                local /= self._real
         return local
 
     def _commit_across_copies(self, step: int, local: float | None) -> float | None:
@@ -212,7 +238,7 @@ class Trainer:
         coordinator grants the commit once all asked, so no copy is ever a step ahead."""
         rep = self.replicas
         stop = 1.0 if self.should_stop is not None and self.should_stop() else 0.0
-        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0, stop], dtype=torch.float64)
+        agg = torch.tensor([*self._loss_terms(local), stop], dtype=torch.float64)
         ok = True
         try:
             sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
