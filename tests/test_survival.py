@@ -35,11 +35,14 @@ def test_in_place_refused_falls_back_to_restart_and_finishes_every_step(tmp_path
     assert "FAILOVER 1 (restart" in r.stdout
 
 
-def test_survivors_that_do_not_divide_the_batch_keep_it_exact_in_place(tmp_path, tiny_losses):
-    """4 copies, one lost: 3 go on in place with 16 samples as 6 + 5 + 5, the same losses."""
-    r = run_cli([*COMMON, "layout.dp_shard=1", "training.steps=6"], tmp_path, timeout=600)
+def test_a_crashed_rank_drops_its_copy_and_the_survivors_keep_the_batch_exact(tmp_path, tiny_losses):
+    """4 copies; rank 1 crashes with an error (fault.kind=crash_rank, its node stays up): the
+    other 3 go on in place with 16 samples as 6 + 5 + 5, and the losses are the same."""
+    r = run_cli([*COMMON, "layout.dp_shard=1", "training.steps=6", "fault.kind=crash_rank", "fault.rank=1"],
+                tmp_path, timeout=600)
     (event,) = _check(r, tmp_path / "run", tiny_losses, 6)
     assert event["mode"] == "in_place" and event["new_layout"]["dp"] == 3 and event["steps_lost"] == 0
+    assert event["nodes_lost"] == [] and "crashed" in r.stdout and "illegal memory access" in r.stdout
     plan = json.loads((tmp_path / "run" / f"attempt{event['attempt']}" / "plan.json").read_text())
     assert plan["config"]["training"]["uneven_batch"] and plan["layout"]["microbatches"] == 6
 
@@ -78,3 +81,75 @@ def test_the_uneven_split_reads_every_sample_once():
         assert sum(counts) == M and max(counts) - min(counts) <= 1
         got = [i for r in range(dp) for i in src.indices(2, M * b, dp, r, b)]
         assert got == list(range(2 * M * b, 3 * M * b))
+
+
+class _Scripted:
+    """Workers that end each attempt as scripted, writing the metrics the steps would."""
+
+    def __init__(self, run_dir, outcomes, steps_per_attempt):
+        self.run_dir, self.outcomes, self.steps, self.attempt = run_dir, list(outcomes), steps_per_attempt, 0
+
+    def nodes(self):
+        return [0, 1]
+
+    def start(self, attempt, plan_dir, nodes, env, policy=None):
+        self.attempt = attempt
+
+    def wait(self):
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            for step in range(self.steps[self.attempt]):
+                f.write(json.dumps({"step": step, "loss": 1.0, "step_time_s": 0.1, "attempt": self.attempt,
+                                    "time": 0.0}) + "\n")
+        return self.outcomes.pop(0)
+
+    def stop(self):
+        pass
+
+
+def _supervise(tmp_path, outcomes, steps, *overrides):
+    from orchestrator.launch.supervisor import supervise
+    from orchestrator.plan.artifacts import write_plan
+
+    plan = plan_of("hardware=cpu", "model=tiny", "launcher=local", "cluster.nodes=2", "hardware.gpus_per_node=1",
+                   "training.steps=8", *overrides)
+    write_plan(plan, tmp_path, figures=False)
+    code = supervise(plan, tmp_path, _Scripted(tmp_path, outcomes, steps), say=lambda *a, **k: None)
+    return code, json.loads((tmp_path / "status.json").read_text())
+
+
+def test_a_run_with_steps_missing_never_reads_completed(tmp_path):
+    from orchestrator.launch.supervisor import EXIT_INCOMPLETE, Outcome
+
+    code, status = _supervise(tmp_path, [Outcome(True)], [3])
+    assert code == EXIT_INCOMPLETE and status["state"] == "failed" and "only 3 of training.steps=8" in status["message"]
+
+
+def test_a_crash_recovers_once_and_the_same_error_at_the_same_step_stops_as_a_bug(tmp_path):
+    from orchestrator.launch.supervisor import Outcome
+
+    def crash(error):
+        return Outcome(False, [], "rank 1 exited with status 1", crashed=True, error=error)
+
+    # a fault (a different error the second time) recovers; the same error at the same step stops
+    code, status = _supervise(tmp_path, [crash("RuntimeError: CUDA error"), crash("ValueError: bad shape"),
+                                         crash("ValueError: bad shape")], [3, 3, 3])
+    assert code == 1 and "same error at step 3 twice" in status["message"] and "bad shape" in status["message"]
+    restarts = [e for e in json.loads((tmp_path / "failover.json").read_text()) if e["mode"] == "restart"]
+    assert len(restarts) == 2 and restarts[0]["nodes_lost"] == [] and restarts[0]["new_layout"]["nodes"] == 2
+
+
+def test_attempts_failing_at_the_same_step_stop_with_a_distinct_status(tmp_path):
+    from orchestrator.launch.supervisor import EXIT_NO_PROGRESS, Outcome
+
+    code, status = _supervise(tmp_path, [Outcome(False, [1], "node 1 lost")] * 2, [4, 4],
+                              "cluster.spare_nodes=0", "failover.no_progress_attempts=2", "layout.dp=1",
+                              "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2")
+    assert code == EXIT_NO_PROGRESS and "no progress: 2 attempts in a row failed after step 4" in status["message"]
+
+
+def test_the_failure_budget_is_a_rate(tmp_path):
+    from orchestrator.launch.supervisor import Outcome
+
+    crash = [Outcome(False, [], "rank crashed", crashed=True, error=f"RuntimeError: fault {k}") for k in range(3)]
+    code, status = _supervise(tmp_path, crash, [1, 2, 3], "failover.max_failovers_per_hour=2")
+    assert code == 1 and "2 restarts in the last hour reach failover.max_failovers_per_hour=2" in status["message"]

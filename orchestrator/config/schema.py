@@ -59,6 +59,13 @@ class FaultMode(str, Enum):
     during_save = "during_save"  # inside that step's checkpoint save
 
 
+class FaultKind(str, Enum):
+    kill_node = "kill_node"  # every process of fault.kill_node killed (a node lost)
+    crash_rank = "crash_rank"  # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
+    hang_rank = "hang_rank"  # not implemented yet (refused before launch)
+    slow_node = "slow_node"  # not implemented yet (refused before launch)
+
+
 class BatchPolicy(str, Enum):
     # the global batch stays exact over every surviving whole replica: its micro-batches split
     # unevenly when the replicas do not divide them (some take one more; training.uneven_batch)
@@ -354,12 +361,20 @@ class FaultConfig:
     mode: FaultMode = FaultMode.step
     seed: int = 0
     rejoin_at_step: Optional[int] = None  # the killed node comes back once this many steps completed
+    kind: FaultKind = FaultKind.kill_node
+    rank: Optional[int] = None  # the global rank a rank kind (crash_rank) strikes
 
 
 @dataclass
 class FailoverConfig:
     enabled: bool = True
-    max_failovers: int = 3
+    # A total cap on restarts (None: no cap); the rate below is what fits a large job.
+    max_failovers: Optional[int] = None
+    # Restarts allowed in any hour of the run; None = derived from the plan's job MTBF
+    # (4 x the expected failures per hour, at least 3).
+    max_failovers_per_hour: Optional[float] = None
+    # Stop when this many attempts in a row fail without completing a step beyond the last failure's.
+    no_progress_attempts: int = 3
     min_dp: int = 1
     batch_policy: BatchPolicy = BatchPolicy.keep
     # With several copies of the state (layout.dp_shard < dp) the survivors go on in place;

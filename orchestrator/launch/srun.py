@@ -38,14 +38,37 @@ def hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def dead_nodes(nodes: list[str]) -> list[str]:
-    """Nodes SLURM reports down or not responding."""
+def dead_nodes(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> list[str]:
+    """Nodes SLURM reports down or not responding. A slurmctld that does not answer (sinfo
+    timing out or failing) is retried `tries` times, then reads as no news: the supervisor
+    keeps watching instead of dying."""
     if not nodes:
         return []
-    out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], capture_output=True,
-                         text=True, timeout=60).stdout
+    for k in range(tries):
+        try:
+            r = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], capture_output=True,
+                               text=True, timeout=timeout_s)
+            if r.returncode == 0:
+                out = r.stdout
+                break
+        except (subprocess.TimeoutExpired, OSError) as e:
+            print(f"sinfo did not answer ({type(e).__name__}), try {k + 1} of {tries}", flush=True)
+        time.sleep(1.0)
+    else:
+        return []
     return sorted({n for n, st in (line.split() for line in out.splitlines() if line.strip())
                    if any(x in st.lower() for x in DOWN_STATES)})
+
+
+def _crash_error(logs: Path) -> str | None:
+    """The first error a rank of the step ended with (rank%t.log), None when none did."""
+    from orchestrator.launch.processes import last_error
+
+    for log in sorted(Path(logs).glob("rank*.log")):
+        line = last_error(logs, log.stem)
+        if "Error" in line.split(":", 1)[0]:
+            return line
+    return None
 
 
 class SrunWorkers(Workers):
@@ -82,7 +105,7 @@ class SrunWorkers(Workers):
 
         lc, gpn = self.spec.launcher, self.spec.hardware.gpus_per_node
         need = json.loads((plan_dir / "plan.json").read_text())["nodes"]
-        self.current, self.policy = list(nodes[:need]), policy
+        self.current, self.policy, self.plan_dir = list(nodes[:need]), policy, Path(plan_dir)
         (plan_dir / "logs").mkdir(parents=True, exist_ok=True)
         if policy is not None:
             from orchestrator.launch.control import JobServices
@@ -148,6 +171,10 @@ class SrunWorkers(Workers):
         self._close()
         if self.lost:
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
+        error = _crash_error(self.plan_dir / "logs")
+        if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
+            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
+                           error=error)
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
 
