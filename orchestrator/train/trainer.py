@@ -483,7 +483,7 @@ def _fault_hook(rank: int, gpus_per_node: int):
 def _crash_if_injected(rank: int, step: int, attempt: int) -> None:
     """Fault injection (fault.kind=crash_rank): this rank fails as a GPU fault would, its node left up
     (the first attempt only: what runs after the recovery is healthy)."""
-    if (os.environ.get("ORCH_FAULT_MODE") == "crash_rank" and attempt == 0 and int(os.environ["ORCH_FAULT_RANK"]) == rank
-            and int(os.environ["ORCH_FAULT_STEP"]) == step):
+    if (os.environ.get("ORCH_FAULT_MODE") == "crash_rank" and attempt == 0
+            and int(os.environ["ORCH_FAULT_RANK"]) == rank and int(os.environ["ORCH_FAULT_STEP"]) == step):
         print(f"fault injection: rank {rank} crashes before step {step + 1}", flush=True)
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected: fault.kind=crash_rank)")
