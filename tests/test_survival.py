@@ -47,12 +47,32 @@ def test_a_crashed_rank_drops_its_copy_and_the_survivors_keep_the_batch_exact(tm
     assert plan["config"]["training"]["uneven_batch"] and plan["layout"]["microbatches"] == 6
 
 
-def test_restart_on_survivors_that_do_not_divide_the_batch_pads_the_short_replicas(tmp_path, tiny_losses):
-    """One copy sharded over 4 (FSDP): restart on 3 nodes, dp 3, 6 + 5 + 5 samples; the two
-    short replicas run a padding micro-batch that weighs nothing (FSDP counts micro-batches)."""
-    r = run_cli([*COMMON, "training.steps=6", "training.checkpoint.every=2"], tmp_path, timeout=600)
+def test_a_hung_rank_is_named_and_its_node_lost_and_the_restart_pads_the_short_replicas(tmp_path, tiny_losses):
+    """One copy sharded over 4 (FSDP); rank 1 stops making progress before step 4: past the
+    progress deadline it is named, its Python stack dumped into its log, its node lost. The
+    restart on 3 nodes runs dp 3 as 6 + 5 + 5 samples; the two short replicas run a padding
+    micro-batch that weighs nothing (FSDP counts micro-batches), and the losses are the same."""
+    r = run_cli([*COMMON, "training.steps=6", "training.checkpoint.every=2", "fault.kind=hang_rank", "fault.rank=1",
+                 "failover.progress_deadline_s=8"], tmp_path, timeout=600)
     (event,) = _check(r, tmp_path / "run", tiny_losses, 6)
     assert event["mode"] == "restart" and event["new_layout"]["dp"] == 3 and event["new_layout"]["nodes"] == 3
+    assert event["nodes_lost"] == [1] and "rank1 (pid" in event["cause"] and "hung" in event["cause"]
+    assert event["seconds"]["detection"] >= 8
+    log = (tmp_path / "run" / "logs" / "rank1.log").read_text()
+    assert "_fault_if_injected" in log and "File " in log  # faulthandler's stack of the hung rank
+
+
+def test_the_progress_deadline_follows_the_plan():
+    from orchestrator.launch import progress
+
+    fo = plan_of("hardware=cpu", "model=tiny").spec.failover
+    slow = {"step": {"wall_s": 12.0}, "blast_radius": {"checkpoint_seconds": 3.0}}
+    assert progress.deadline_s(slow, fo) == progress.DEADLINE_FACTOR * 15.0
+    assert progress.deadline_s({"step": {"wall_s": 0.01}}, fo) == progress.DEADLINE_FLOOR_S
+    beats = {1: progress.Beat(1, 3, True, 100.0), 2: progress.Beat(2, 4, False, 100.2),
+             3: progress.Beat(3, 4, False, 100.1)}
+    assert progress.hung(beats, 100.2 + 29, 30.0) is None
+    assert progress.hung(beats, 100.2 + 31, 30.0).pid == 1  # the one behind: step 4 never begun
 
 
 def test_the_plan_says_what_a_node_loss_costs_and_keeps_every_whole_replica():

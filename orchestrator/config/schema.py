@@ -62,7 +62,7 @@ class FaultMode(str, Enum):
 class FaultKind(str, Enum):
     kill_node = "kill_node"  # every process of fault.kill_node killed (a node lost)
     crash_rank = "crash_rank"  # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
-    hang_rank = "hang_rank"  # not implemented yet (refused before launch)
+    hang_rank = "hang_rank"  # global rank fault.rank stops making progress (blocks) before a step
     slow_node = "slow_node"  # not implemented yet (refused before launch)
 
 
@@ -375,6 +375,9 @@ class FailoverConfig:
     max_failovers_per_hour: Optional[float] = None
     # Stop when this many attempts in a row fail without completing a step beyond the last failure's.
     no_progress_attempts: int = 3
+    # A hang: no rank made progress for this long (None: 10 x the plan's predicted step + save,
+    # at least 30 s; launch/progress.py). The rank furthest behind is named and its node lost.
+    progress_deadline_s: Optional[float] = None
     min_dp: int = 1
     batch_policy: BatchPolicy = BatchPolicy.keep
     # With several copies of the state (layout.dp_shard < dp) the survivors go on in place;

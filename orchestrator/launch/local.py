@@ -9,6 +9,7 @@ every rank before the launcher exits.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config.schema import FaultKind, FaultMode
+from orchestrator.launch import progress
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, _die_with_parent, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
@@ -52,6 +54,8 @@ class LocalWorkers(Workers):
         self.lost: list = []
         self.crash_error: str | None = None  # a rank that crashed in place (its node stays up)
         self.next_copy = 0
+        self.next_watch = 0.0
+        self.hang = None
 
     # ---- what the in-place policy asks -----------------------------------------------------
     def say(self, text: str) -> None:
@@ -73,13 +77,16 @@ class LocalWorkers(Workers):
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
-        if attempt == 0 and self.fault_step is not None and self.spec.fault.kind == FaultKind.crash_rank:
-            env.update(ORCH_FAULT_MODE="crash_rank", ORCH_FAULT_RANK=str(self.spec.fault.rank),
+        if attempt == 0 and self.fault_step is not None and self.spec.fault.kind != FaultKind.kill_node:
+            env.update(ORCH_FAULT_MODE=self.spec.fault.kind.value, ORCH_FAULT_RANK=str(self.spec.fault.rank),
                        ORCH_FAULT_STEP=str(self.fault_step))
         elif attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
             env.update(ORCH_FAULT_MODE="during_save", ORCH_FAULT_NODE=str(self.spec.fault.kill_node),
                        ORCH_FAULT_STEP=str(self.fault_step))
         self.attempt, self.killed_at, self.policy = attempt, None, policy
+        progress.clear(self.run_dir)
+        self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / "plan.json").read_text()), self.spec.failover)
+        self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
         active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
         self.current = list(active)
@@ -128,7 +135,33 @@ class LocalWorkers(Workers):
                 self.spares.add(copy)
         return made
 
+    def _watch_progress(self) -> None:
+        """A rank past the progress deadline: named, its Python stack dumped into its log, its node lost."""
+        now = time.time()
+        if self.hang is not None or now < self.next_watch:
+            return
+        self.next_watch = now + 0.5
+        live = {p.pid: slot for slot, p in enumerate(self.job.procs) if p.poll() is None}
+        late = progress.hung(progress.read(self.run_dir, live), now, self.deadline)
+        if late is None:
+            return
+        slot = live[late.pid]
+        node, name = self.job.node_of(slot), self.job.names[slot]
+        try:
+            os.kill(late.pid, signal.SIGUSR1)  # faulthandler: every thread's stack into logs/NAME.log
+        except ProcessLookupError:
+            pass
+        time.sleep(1.0)
+        what = (f"{name} (pid {late.pid}) on node {node} hung: no rank made progress for {now - late.time:.1f} s, "
+                f"past the deadline of {self.deadline:.0f} s, and it is furthest behind (step {late.step + 1} "
+                f"{'ended' if late.ended else 'begun'}); its Python stack is in logs/{name}.log; node {node} "
+                f"treated as lost")
+        self.hang = (node, what, now - late.time)
+        self.say(f"HANG: {what}")
+        self.job.kill_node(node)
+
     def _inject(self) -> None:
+        self._watch_progress()
         f = self.spec.fault
         if (self.attempt == 0 and self.fault_step is not None and f.mode != FaultMode.during_save
                 and f.kind == FaultKind.kill_node
@@ -205,6 +238,7 @@ class LocalWorkers(Workers):
         alive = len(active - dropped)
         why = why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(alive)
         cause = (f"slot {slot} on node {node} crashed ({_describe(code)}: {error}); node {node} stays up" if crashed
+                 else self.hang[1] if self.hang and self.hang[0] == node
                  else f"node {node} lost ({_describe(code)}, slot {slot})")
         if why:
             self.say(f"FAILURE: {cause}; cannot go on in place: {why}")
@@ -216,6 +250,8 @@ class LocalWorkers(Workers):
         return None
 
     def _detected(self) -> float | None:
+        if self.hang is not None:
+            return self.hang[2]
         return time.monotonic() - self.killed_at if self.killed_at else None
 
     def _wait_restart_only(self) -> Outcome:
@@ -228,6 +264,8 @@ class LocalWorkers(Workers):
             return Outcome(False, [], f"{res.cause}: {error}", detected, crashed=True, error=error)
         if res.failed_node is None or not res.signalled:
             return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
+        if self.hang is not None:
+            return Outcome(False, [self.current[self.hang[0]]], self.hang[1], self.hang[2])
         return Outcome(False, [self.current[res.failed_node]], res.cause, detected)
 
     def stop(self) -> None:

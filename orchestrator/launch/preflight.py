@@ -19,15 +19,15 @@ def fault_problems(spec: Config) -> list[Problem]:
     """fault.* and failover.* settings, checked before anything starts."""
     f, fo, out = spec.fault, spec.failover, []
     nodes, steps = spec.cluster.nodes, spec.training.steps
-    if f.kind in (FaultKind.hang_rank, FaultKind.slow_node):
-        out.append(Problem("fault.kind", f"{f.kind.value} is not injected yet.", "use kill_node or crash_rank."))
-    if f.kind == FaultKind.crash_rank:
+    if f.kind == FaultKind.slow_node:
+        out.append(Problem("fault.kind", "slow_node is not injected yet.", "use kill_node, crash_rank or hang_rank."))
+    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank):
         world = nodes * spec.hardware.gpus_per_node
         if f.rank is None or not 0 <= f.rank < world:
-            out.append(Problem("fault.rank", f"fault.kind=crash_rank needs a global rank 0 .. {world - 1}, got "
+            out.append(Problem("fault.rank", f"fault.kind={f.kind.value} needs a global rank 0 .. {world - 1}, got "
                                f"{f.rank}.", "set fault.rank=<rank>."))
         if f.at_step is None or not 0 < f.at_step < steps:
-            out.append(Problem("fault.at_step", f"fault.kind=crash_rank needs a step inside 1 .. {steps - 1}, got "
+            out.append(Problem("fault.at_step", f"fault.kind={f.kind.value} needs a step inside 1 .. {steps - 1}, got "
                                f"{f.at_step}.", f"use fault.at_step between 1 and {steps - 1}."))
     if f.kill_node is not None and f.kind == FaultKind.kill_node:
         if not 0 <= f.kill_node < nodes:

@@ -60,6 +60,20 @@ def dead_nodes(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> lis
                    if any(x in st.lower() for x in DOWN_STATES)})
 
 
+def node_fail_wait_s(lc) -> float:
+    """launcher.node_fail_wait_s, or what SLURM takes to mark a dead node down: SlurmdTimeout
+    (scontrol show config; 300 s when it does not answer) + 30 s."""
+    if lc.node_fail_wait_s is not None:
+        return float(lc.node_fail_wait_s)
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20).stdout
+        line = next(x for x in out.splitlines() if x.split("=")[0].strip() == "SlurmdTimeout")
+        timeout = float(line.split("=", 1)[1].split()[0])
+    except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError, IndexError):
+        timeout = 300.0
+    return timeout + 30.0
+
+
 def _crash_error(logs: Path) -> str | None:
     """The first error a rank of the step ended with (rank%t.log), None when none did."""
     from orchestrator.launch.processes import last_error
@@ -164,7 +178,7 @@ class SrunWorkers(Workers):
         if code == EXIT_STOPPED or self.stop_requested:
             self._close()
             return Outcome(False, [], "stopped on request (preemption or time limit)", stopped=True)
-        deadline = time.monotonic() + lc.node_fail_wait_s  # a rank dies of its peer before SLURM marks the node
+        deadline = time.monotonic() + node_fail_wait_s(lc)  # a rank dies of its peer before SLURM marks the node
         while time.monotonic() < deadline and not self.lost:
             self.lost += dead_nodes(self.current)
             time.sleep(1.0)

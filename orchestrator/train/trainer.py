@@ -328,12 +328,14 @@ class Trainer:
         log = Logger(self.run_dir, self.plan)
         pending, step = None, start
         while step < tr.steps:
-            _crash_if_injected(self.rank, step, self.attempt)
+            _fault_if_injected(self.rank, step, self.attempt)
+            world.beat(self.run_dir, step, "begin")
             t0 = time.perf_counter()
             loss = self.train_step(step)
             if loss is None:
                 continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
+            world.beat(self.run_dir, step, "end")
             self._record(log, step, loss, dt)
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
@@ -480,10 +482,17 @@ def _fault_hook(rank: int, gpus_per_node: int):
     return _Fault(int(os.environ["ORCH_FAULT_STEP"]))
 
 
-def _crash_if_injected(rank: int, step: int, attempt: int) -> None:
-    """Fault injection (fault.kind=crash_rank): this rank fails as a GPU fault would, its node left up
-    (the first attempt only: what runs after the recovery is healthy)."""
-    if (os.environ.get("ORCH_FAULT_MODE") == "crash_rank" and attempt == 0
-            and int(os.environ["ORCH_FAULT_RANK"]) == rank and int(os.environ["ORCH_FAULT_STEP"]) == step):
-        print(f"fault injection: rank {rank} crashes before step {step + 1}", flush=True)
+def _fault_if_injected(rank: int, step: int, attempt: int) -> None:
+    """Fault injection (fault.kind=crash_rank | hang_rank), the first attempt only (what runs
+    after the recovery is healthy): this rank fails as a GPU fault would, or stops making
+    progress (its peers then block in the step's first collective); its node stays up."""
+    kind = os.environ.get("ORCH_FAULT_MODE")
+    if (kind not in ("crash_rank", "hang_rank") or attempt != 0 or int(os.environ["ORCH_FAULT_RANK"]) != rank
+            or int(os.environ["ORCH_FAULT_STEP"]) != step):
+        return
+    print(f"fault injection: rank {rank} {'crashes' if kind == 'crash_rank' else 'hangs'} before step {step + 1}",
+          flush=True)
+    if kind == "crash_rank":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected: fault.kind=crash_rank)")
+    while True:
+        time.sleep(3600)

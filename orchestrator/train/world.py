@@ -9,7 +9,9 @@ the job's store (ORCH_STORE) under its own prefix, with a mesh over its own rank
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -79,3 +81,10 @@ def world_rank(plan: dict, index: int, coords: dict) -> int:
     dps = plan["layout"]["dp_shard"]
     return grid_from_json(plan).rank({"pp": coords["pp"], "dp": index * dps + coords["dps"], "cp": coords["cp"],
                                       "tp": coords["tp"], "ep": 0})
+
+
+def beat(run_dir: Path, step: int, phase: str) -> None:
+    """This rank's progress, for the launcher's deadline (launch/progress.py reads it)."""
+    d = Path(run_dir) / "progress"
+    d.mkdir(exist_ok=True)
+    (d / str(os.getpid())).write_text(f"{step} {phase} {time.time()}")
