@@ -173,3 +173,39 @@ def test_the_failure_budget_is_a_rate(tmp_path):
     crash = [Outcome(False, [], "rank crashed", crashed=True, error=f"RuntimeError: fault {k}") for k in range(3)]
     code, status = _supervise(tmp_path, crash, [1, 2, 3], "failover.max_failovers_per_hour=2")
     assert code == 1 and "2 restarts in the last hour reach failover.max_failovers_per_hour=2" in status["message"]
+
+
+HOST_SCALARS = """
+import sys, tempfile
+import torch.distributed as dist
+from orchestrator.train import world
+from orchestrator.train.replicas import Replicas
+for backend in sys.argv[1:]:
+    dist.init_process_group(backend, init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    try:
+        got = (world.host_reduce([1.5, 2.0]), world.host_gather([3.0]), Replicas.agree(None, True))
+        print(backend, "OK", got)
+    except RuntimeError as e:
+        print(backend, "REFUSED", str(e).splitlines()[0])
+    dist.destroy_process_group()
+"""
+
+
+def test_host_scalars_ride_the_side_backend_a_gpu_world_gets():
+    """On a GPU the runtime's groups are `cuda:nccl,cpu:gloo` (world.backend_for); here gloo
+    stands in for NCCL on the device side, so the device-only group refuses CPU tensors the way
+    NCCL does. The runtime's host-scalar collectives (loss, stop flag, memory, the copies'
+    agreement) pass on the runtime's groups and are refused on a device-only one."""
+    import subprocess
+    import sys
+
+    from orchestrator.train.world import backend_for
+
+    gpu = backend_for("nccl", "cuda")
+    assert gpu == "cuda:nccl,cpu:gloo" and backend_for("gloo", "cpu") == "gloo"
+    here = gpu.replace("cuda:nccl", "cuda:gloo")
+    r = subprocess.run([sys.executable, "-c", HOST_SCALARS, here, "cuda:gloo"], capture_output=True, text=True,
+                       timeout=120)
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"{here} OK ([1.5, 2.0], [[3.0]], True)", r.stdout + r.stderr
+    assert lines[1].startswith("cuda:gloo REFUSED") and "device type cpu" in lines[1], r.stdout + r.stderr

@@ -182,9 +182,8 @@ class Trainer:
             self.expert_stats = self.experts.after_step()
         # The mean over every micro-batch of the step: each rank that computed a loss (all TP
         # ranks of the last stage agree) weighs by its micro-batches.
-        agg = torch.tensor(self._loss_terms(local), dtype=torch.float64)
-        dist.all_reduce(agg)
-        return (agg[0] / agg[1]).item()
+        total, count = world.host_reduce(self._loss_terms(local))
+        return total / count
 
     def _loss_terms(self, local: float | None) -> list[float]:
         return [local * self._real, float(self._real)] if local is not None else [0.0, 0.0]
@@ -369,17 +368,14 @@ class Trainer:
             return False
         if self.replicas is not None:  # agreed across copies in the step's own all-reduce
             return self._stop_flag
-        flag = torch.tensor([1.0 if self.should_stop() else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() > 0
+        return world.host_reduce([1.0 if self.should_stop() else 0.0], dist.ReduceOp.MAX)[0] > 0
 
     def _record(self, log: Logger, step: int, loss: float, dt: float) -> None:
         tr, plan = self.spec.training, self.plan
-        rss_local = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         if self.device.type == "cuda":
-            rss_local[0] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        rss = [torch.zeros_like(rss_local) for _ in range(dist.get_world_size())]
-        dist.all_gather(rss, rss_local)  # this world: the job's, or with copies of the state, this copy's
+            mine = torch.cuda.max_memory_allocated(self.device) / 2**20
+        rss = [x[0] for x in world.host_gather([mine])]  # this world: the job's, or with copies, this copy's
         moe = self._expert_scalars()
         self.history["loss"].append(loss)
         self.history["step_time_s"].append(dt)
@@ -404,9 +400,7 @@ class Trainer:
         st = self.expert_stats
         if st is None:
             return {}
-        mine = torch.tensor([float(st["bytes"]), st["seconds"]], dtype=torch.float64)
-        ranks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(ranks, mine)
+        ranks = world.host_gather([float(st["bytes"]), float(st["seconds"])])
         self.history.setdefault("ep_bytes_per_rank", []).append([float(x[0]) for x in ranks])
         out = {"comm/ep_all_to_all_bytes_max": max(float(x[0]) for x in ranks),
                "time/ep_all_to_all_s_max": max(float(x[1]) for x in ranks)}
