@@ -61,7 +61,8 @@ class FaultMode(str, Enum):
 
 class FaultKind(str, Enum):
     kill_node = "kill_node"  # every process of fault.kill_node killed (a node lost)
-    crash_rank = "crash_rank"  # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
+    # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
+    crash_rank = "crash_rank"
     hang_rank = "hang_rank"  # global rank fault.rank stops making progress (blocks) before a step
     slow_node = "slow_node"  # not implemented yet (refused before launch)
 

@@ -261,6 +261,8 @@ class LocalWorkers(Workers):
         detected = self._detected()
         if res.failed_node is not None and not res.signalled and res.code in CRASHES:  # its node stays up
             error = last_error(self.job.run_dir / "logs", self.job.names[res.failed_rank])
+            beat = progress.read(self.run_dir, [res.pids[res.failed_rank]]).get(res.pids[res.failed_rank])
+            detected = time.time() - beat.time if beat else None  # from its last sign of life
             return Outcome(False, [], f"{res.cause}: {error}", detected, crashed=True, error=error)
         if res.failed_node is None or not res.signalled:
             return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
@@ -299,10 +301,13 @@ class LocalLauncher(Launcher):
             code = supervise(self.plan, self.run_dir, workers, first_attempt=first)
         finally:
             stop.restore()
+        how = read_status(self.run_dir)
         if code:
-            print(f"\nFAILED: every rank was stopped. Logs: {self.run_dir / 'logs'}", file=sys.stderr)
+            print(f"\n{how.get('state', 'failed').upper()}: {how.get('message', '')}; every rank was stopped. "
+                  f"Logs: {self.run_dir / 'logs'}", file=sys.stderr)
             return code
-        print(f"\ndone: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
+        print(f"\nCOMPLETED: {how.get('message', '')}")
+        print(f"done: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
               f"{self.run_dir / 'metrics.json'}, plan and pictures in {self.run_dir}")
         return 0
 

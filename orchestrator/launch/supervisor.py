@@ -129,20 +129,27 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
                 file=sys.stderr)
             return 1
         failovers += 1
-        why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
-        resume_from = ckpt.latest_complete(url) or 0
-        event = events.record(run_dir, {
-            "mode": "restart", "attempt": attempt, "node": (outcome.lost or [None])[0], "nodes_lost": outcome.lost,
-            "cause": outcome.cause, "kind": "crash_rank" if outcome.crashed else "node_lost", "error": outcome.error,
-            "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
-            "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
-            "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
-            "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why,
-            "seconds": {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start}})
-        say(f"FAILOVER {failovers} (restart, {why}): {what} after step {done}; re-planned on {rp.nodes} "
-            f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
-            f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
+        _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, done, failovers, what,
+                        {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start},
+                        say)
         alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1
+
+
+def _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, done, failovers, what, seconds,
+                    say) -> None:
+    """The restart's event in failover.json, and its line on the console."""
+    why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
+    resume_from = ckpt.latest_complete(url) or 0
+    event = events.record(run_dir, {
+        "mode": "restart", "attempt": attempt, "node": (outcome.lost or [None])[0], "nodes_lost": outcome.lost,
+        "cause": outcome.cause, "kind": "crash_rank" if outcome.crashed else "node_lost", "error": outcome.error,
+        "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
+        "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
+        "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
+        "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why, "seconds": seconds})
+    say(f"FAILOVER {failovers} (restart, {why}): {what} after step {done}; re-planned on {rp.nodes} "
+        f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
+        f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
 
 
 def _why_stop(run_dir: Path, plan, failovers: int, done: int, outcome: Outcome) -> tuple[str, int] | None:

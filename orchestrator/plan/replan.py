@@ -9,9 +9,13 @@ even splits (a smaller micro-batch, else fewer nodes); `adjust` rounds the batch
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from orchestrator.config.schema import BatchPolicy, Config
+
+
+MAX_COUNTS, MAX_PLANS = 4096, 16  # node counts looked at (largest first), of them planned
 
 
 @dataclass
@@ -66,12 +70,15 @@ def replan_on_survivors(plan, alive_nodes: int) -> Replan:
     spec, old = plan.spec, plan.layout
     gpn, fo = spec.hardware.gpus_per_node, spec.failover
     replica = old.tp * old.cp * old.pp
-    tried = []
-    for n in range(alive_nodes, 0, -1):
+    unit = replica // math.gcd(replica, gpn)  # node counts that hold whole replicas are its multiples
+    start = alive_nodes - alive_nodes % unit
+    tried = [] if start == alive_nodes else [f"{alive_nodes} nodes: whole replicas of {replica} GPUs fit on {start}"]
+    planned = 0
+    for n in range(start, 0, -unit)[:MAX_COUNTS]:
+        if planned >= MAX_PLANS:
+            tried.append(f"gave up after {MAX_PLANS} layouts that did not plan")
+            break
         world = n * gpn
-        if world % replica:
-            tried.append(f"{n} nodes: {world} GPUs do not hold whole replicas of {replica}")
-            continue
         dp = world // replica
         if dp < fo.min_dp:
             tried.append(f"{n} nodes: dp {dp} < failover.min_dp {fo.min_dp}")
@@ -91,6 +98,7 @@ def replan_on_survivors(plan, alive_nodes: int) -> Replan:
             layout=dataclasses.replace(spec.layout, dp=dp, search=False, tp=old.tp, cp=old.cp, pp=old.pp,
                                        vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=shard)), batch)
         new_plan = plan_spec(new)
+        planned += 1
         if not new_plan.valid:
             tried.append(f"{n} nodes: " + "; ".join(str(e) for e in new_plan.errors))
             continue
