@@ -260,15 +260,26 @@ class LocalWorkers(Workers):
             return Outcome(True)
         detected = self._detected()
         if res.failed_node is not None and not res.signalled and res.code in CRASHES:  # its node stays up
-            error = last_error(self.job.run_dir / "logs", self.job.names[res.failed_rank])
-            beat = progress.read(self.run_dir, [res.pids[res.failed_rank]]).get(res.pids[res.failed_rank])
+            rank, beat = self._first_crashed()
+            error = last_error(self.job.run_dir / "logs", self.job.names[rank])
             detected = time.time() - beat.time if beat else None  # from its last sign of life
-            return Outcome(False, [], f"{res.cause}: {error}", detected, crashed=True, error=error)
+            how = _describe(self.job.procs[rank].poll())
+            return Outcome(False, [], f"rank {rank} (node {self.job.node_of(rank)}) {how}: {error}", detected,
+                           crashed=True, error=error)
         if res.failed_node is None or not res.signalled:
             return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
         if self.hang is not None:
             return Outcome(False, [self.current[self.hang[0]]], self.hang[1], self.hang[2])
         return Outcome(False, [self.current[res.failed_node]], res.cause, detected)
+
+    def _first_crashed(self):
+        """Of the ranks that exited with an error, the one furthest behind (its peers failed of it)."""
+        failed = {p.pid: r for r, p in enumerate(self.job.procs) if p.poll() in CRASHES}
+        beats = progress.read(self.run_dir, failed)
+        if not beats:
+            return min(failed.values()), None
+        first = min(beats.values(), key=lambda b: (b.step, b.ended, b.time))
+        return failed[first.pid], first
 
     def stop(self) -> None:
         if self.job is not None:
