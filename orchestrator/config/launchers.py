@@ -63,7 +63,7 @@ class SlurmLauncherConfig(LauncherConfig):
     signal_delay_s: int = 60  # SIGUSR2 this long before the time limit: save and requeue
     max_requeues: int = 3  # preemptions / time-outs before the job stops requeuing itself
     # How long a failed step's nodes are watched for going down before the failure is read as a
-    # crashed rank on healthy nodes; None = SLURM's SlurmdTimeout + 30 s (scontrol show config)
+    # crashed rank on healthy nodes; None = SLURM's SlurmdTimeout + 30 s, at least 60 s
     node_fail_wait_s: Optional[float] = None
     poll_s: float = 2.0  # how often the supervisor looks at its step and its nodes
 

@@ -62,7 +62,7 @@ def dead_nodes(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> lis
 
 def node_fail_wait_s(lc) -> float:
     """launcher.node_fail_wait_s, or what SLURM takes to mark a dead node down: SlurmdTimeout
-    (scontrol show config; 300 s when it does not answer) + 30 s."""
+    (scontrol show config; 300 s when it does not answer) + 30 s, at least 60 s."""
     if lc.node_fail_wait_s is not None:
         return float(lc.node_fail_wait_s)
     try:
@@ -71,7 +71,7 @@ def node_fail_wait_s(lc) -> float:
         timeout = float(line.split("=", 1)[1].split()[0])
     except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError, IndexError):
         timeout = 300.0
-    return timeout + 30.0
+    return max(60.0, timeout + 30.0)
 
 
 def _crash_error(logs: Path) -> str | None:
