@@ -68,7 +68,9 @@ class SlurmLauncherConfig(LauncherConfig):
     gpus_per_node_gres: bool = True  # request --gpus-per-node (the GRES)
     signal_delay_s: int = 60  # SIGUSR2 this long before the time limit: save and requeue
     max_requeues: int = 3  # preemptions / time-outs before the job stops requeuing itself
-    node_fail_wait_s: float = 60.0  # how long a failed step's nodes are watched for going down
+    # How long a failed step's nodes are watched for going down before the failure is read as a
+    # crashed rank on healthy nodes; None = SLURM's SlurmdTimeout + 30 s, at least 60 s
+    node_fail_wait_s: Optional[float] = None
     poll_s: float = 2.0  # how often the supervisor looks at its step and its nodes
 
 

@@ -60,9 +60,20 @@ class FaultMode(str, Enum):
     during_save = "during_save"  # inside that step's checkpoint save
 
 
+class FaultKind(str, Enum):
+    kill_node = "kill_node"  # every process of fault.kill_node killed (a node lost)
+    # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
+    crash_rank = "crash_rank"
+    hang_rank = "hang_rank"  # global rank fault.rank stops making progress (blocks) before a step
+    slow_node = "slow_node"  # not implemented yet (refused before launch)
+
+
 class BatchPolicy(str, Enum):
-    keep = "keep"  # the global batch stays exact (more micro-batches per replica, or fewer nodes)
-    adjust = "adjust"  # round it down to what the survivors can run, and report the change
+    # the global batch stays exact over every surviving whole replica: its micro-batches split
+    # unevenly when the replicas do not divide them (some take one more; training.uneven_batch)
+    keep = "keep"
+    even = "even"  # exact and evenly split: fewer micro-batches per micro-batch size, or fewer nodes
+    adjust = "adjust"  # round it down to what the survivors can run evenly, and report the change
 
 
 # Generated from the schedule registry: adding a schedule there adds it here.
@@ -317,6 +328,10 @@ class TrainingConfig:
     data: Optional[str] = None  # fsspec URL of a flat token file (uint16); None = synthetic stream
     adam_eps: float = 1e-8
     flash_attention: bool = True
+    # The global batch's micro-batches may split unevenly over the data-parallel replicas (the
+    # first global_batch/micro_batch % dp replicas take one more; gradients weighted so the update
+    # is the full batch's). Failover re-plans set it to keep every surviving replica; dense models.
+    uneven_batch: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
 
@@ -382,12 +397,23 @@ class FaultConfig:
     mode: FaultMode = FaultMode.step
     seed: int = 0
     rejoin_at_step: Optional[int] = None  # the killed node comes back once this many steps completed
+    kind: FaultKind = FaultKind.kill_node
+    rank: Optional[int] = None  # the global rank a rank kind (crash_rank) strikes
 
 
 @dataclass
 class FailoverConfig:
     enabled: bool = True
-    max_failovers: int = 3
+    # A total cap on restarts (None: no cap); the rate below is what fits a large job.
+    max_failovers: Optional[int] = None
+    # Restarts allowed in any hour of the run; None = derived from the plan's job MTBF
+    # (4 x the expected failures per hour, at least 3).
+    max_failovers_per_hour: Optional[float] = None
+    # Stop when this many attempts in a row fail without completing a step beyond the last failure's.
+    no_progress_attempts: int = 3
+    # A hang: no rank made progress for this long (None: 10 x the plan's predicted step + save,
+    # at least 30 s; launch/progress.py). The rank furthest behind is named and its node lost.
+    progress_deadline_s: Optional[float] = None
     min_dp: int = 1
     batch_policy: BatchPolicy = BatchPolicy.keep
     # With several copies of the state (layout.dp_shard < dp) the survivors go on in place;

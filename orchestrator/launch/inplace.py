@@ -8,13 +8,13 @@ this policy decides the next generation:
 - spare: a warm spare copy takes the lost copy's place; it receives the state from a
   healthy copy over the network, and DP stays as it was;
 - in_place: no spare; the survivors go on with fewer copies and take the lost copies'
-  micro-batches, so the global batch stays whole;
+  micro-batches, so the global batch stays whole (split unevenly when they do not divide it);
 - rejoin: a node that came back joins at a step boundary as a new copy; DP grows again.
 
 Each decision is a new plan (RUN_DIR/attemptN/plan.json, the runtime reads it) and an
 event in failover.json (mode, steps lost, recovery time, old and new layout, samples
 reassigned). What cannot go on in place (one copy left below failover.min_dp, a global
-batch the survivors cannot split, experts spanning copies) is refused, and the loop
+batch the survivors cannot split under failover.batch_policy, experts spanning copies) is refused, and the loop
 falls back to re-plan and restart, saying why.
 """
 from __future__ import annotations
@@ -60,6 +60,7 @@ class InPlace:
         self.lock = threading.Lock()
         self.detected: float | None = None  # wall time the supervisor saw the failure
         self.pending: dict | None = None  # the event waiting for its recovery time
+        self.refused: str | None = None  # why the survivors cannot go on in place (the loop restarts)
 
     def copies_alive_for(self, alive: int) -> str | None:
         """Can `alive` copies (with the spares waiting) go on? None if yes, else why not."""
@@ -87,7 +88,8 @@ class InPlace:
             old = self.plan
             self.plan = plan
             self.workers.assign(copies, plan, plan_dir)
-            lost_share = old.spec.training.global_batch // old.layout.dp * old.layout.dp_shard * len(dead)
+            # samples per step the lost copies read (their mean share when the split is uneven)
+            lost_share = old.spec.training.global_batch * old.layout.dp_shard * len(dead) // old.layout.dp
             self.pending = events.record(self.run_dir, {
                 "mode": mode, "attempt": self.attempt, "step": step, "copies_lost": dead, "copies_new": new,
                 "nodes_lost": self.workers.lost_nodes(), "old_layout": _layout(old), "new_layout": _layout(plan),
@@ -102,8 +104,10 @@ class InPlace:
             return Decision(True, str(plan_dir), copies, new=new)
 
     def _replan(self, copies: int):
-        """The plan of `copies` copies: the same TP, CP, PP and dp_shard, the global batch kept."""
+        """The plan of `copies` copies: the same TP, CP, PP and dp_shard, the global batch kept
+        (split unevenly over the copies when they do not divide it: plan/replan.py batch_for)."""
         from orchestrator.plan.plan import plan_spec
+        from orchestrator.plan.replan import batch_for, with_batch
 
         old, spec = self.plan.layout, self.plan.spec
         dp = copies * old.dp_shard
@@ -111,23 +115,19 @@ class InPlace:
         ranks = dp * old.tp * old.cp * old.pp
         if ranks % gpn:
             return None, f"{copies} copies of {copy_size(self.plan)} ranks do not fill whole nodes of {gpn}"
-        B, b = spec.training.global_batch, spec.training.micro_batch
-        for mb in [b] + [x for x in range(b - 1, 0, -1)]:
-            if B % (dp * mb):
-                continue
-            new = dataclasses.replace(
-                spec, cluster=dataclasses.replace(spec.cluster, nodes=ranks // gpn),
-                layout=dataclasses.replace(spec.layout, dp=dp, search=False),
-                training=dataclasses.replace(spec.training, micro_batch=mb))
-            plan = plan_spec(new)
-            if plan.valid:
-                return plan, None
-            why = "; ".join(str(e) for e in plan.errors)
-        else:
-            why = f"global_batch {B} does not split over dp {dp} with any micro-batch up to {b}"
-        return None, f"no plan for {copies} copies: {why}"
+        batch = batch_for(spec, dp)
+        if isinstance(batch, str):
+            return None, f"no plan for {copies} copies: {batch}"
+        new = with_batch(dataclasses.replace(
+            spec, cluster=dataclasses.replace(spec.cluster, nodes=ranks // gpn),
+            layout=dataclasses.replace(spec.layout, dp=dp, search=False)), batch)
+        plan = plan_spec(new)
+        if not plan.valid:
+            return None, f"no plan for {copies} copies: " + "; ".join(str(e) for e in plan.errors)
+        return plan, None
 
     def _stop_event(self, alive, dead, step, why) -> None:
+        self.refused = why
         events.record(self.run_dir, {"mode": "in_place_refused", "copies_alive": alive, "copies_lost": dead,
                                      "step": step, "reason": why})
         self.workers.say(f"cannot go on in place: {why}; falling back to re-plan and restart")

@@ -9,6 +9,7 @@ every rank before the launcher exits.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -17,14 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.config.schema import FaultMode
+from orchestrator.config.schema import FaultKind, FaultMode
+from orchestrator.launch import progress
 from orchestrator.launch.base import Launcher
-from orchestrator.launch.processes import LocalJob, _describe, _die_with_parent
+from orchestrator.launch.processes import LocalJob, _describe, _die_with_parent, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
 
 EXIT_LEFT = 5  # a copy the coordinator dismissed (orchestrator/train/trainer.py)
+CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
 
 class LocalWorkers(Workers):
@@ -40,7 +43,8 @@ class LocalWorkers(Workers):
         self.current: list = []
         self.attempt = 0
         f = spec.fault
-        self.fault_step = (None if f.kill_node is None else
+        armed = f.kill_node is not None if f.kind == FaultKind.kill_node else f.rank is not None
+        self.fault_step = (None if not armed else
                            random.Random(f.seed).randint(1, max(spec.training.steps - 1, 1))
                            if f.mode == FaultMode.random else f.at_step)
         self.killed_at: float | None = None
@@ -49,7 +53,10 @@ class LocalWorkers(Workers):
         self.copy_of: dict[int, int] = {}  # process slot -> copy of the state
         self.spares: set[int] = set()  # copies waiting warm
         self.lost: list = []
+        self.crash_error: str | None = None  # a rank that crashed in place (its node stays up)
         self.next_copy = 0
+        self.next_watch = 0.0
+        self.hang = None
 
     # ---- what the in-place policy asks -----------------------------------------------------
     def say(self, text: str) -> None:
@@ -71,10 +78,16 @@ class LocalWorkers(Workers):
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
-        if attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
+        if attempt == 0 and self.fault_step is not None and self.spec.fault.kind != FaultKind.kill_node:
+            env.update(ORCH_FAULT_MODE=self.spec.fault.kind.value, ORCH_FAULT_RANK=str(self.spec.fault.rank),
+                       ORCH_FAULT_STEP=str(self.fault_step))
+        elif attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
             env.update(ORCH_FAULT_MODE="during_save", ORCH_FAULT_NODE=str(self.spec.fault.kill_node),
                        ORCH_FAULT_STEP=str(self.fault_step))
         self.attempt, self.killed_at, self.policy = attempt, None, policy
+        progress.clear(self.run_dir)
+        self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / "plan.json").read_text()), self.spec.failover)
+        self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
         active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
         self.current = list(active)
@@ -125,9 +138,36 @@ class LocalWorkers(Workers):
                 self.spares.add(copy)
         return made
 
+    def _watch_progress(self) -> None:
+        """A rank past the progress deadline: named, its Python stack dumped into its log, its node lost."""
+        now = time.time()
+        if self.hang is not None or now < self.next_watch:
+            return
+        self.next_watch = now + 0.5
+        live = {p.pid: slot for slot, p in enumerate(self.job.procs) if p.poll() is None}
+        late = progress.hung(progress.read(self.run_dir, live), now, self.deadline)
+        if late is None:
+            return
+        slot = live[late.pid]
+        node, name = self.job.node_of(slot), self.job.names[slot]
+        try:
+            os.kill(late.pid, signal.SIGUSR1)  # faulthandler: every thread's stack into logs/NAME.log
+        except ProcessLookupError:
+            pass
+        time.sleep(1.0)
+        what = (f"{name} (pid {late.pid}) on node {node} hung: no rank made progress for {now - late.time:.1f} s, "
+                f"past the deadline of {self.deadline:.0f} s, and it is furthest behind (step {late.step + 1} "
+                f"{'ended' if late.ended else 'begun'}); its Python stack is in logs/{name}.log; node {node} "
+                f"treated as lost")
+        self.hang = (node, what, now - late.time)
+        self.say(f"HANG: {what}")
+        self.job.kill_node(node)
+
     def _inject(self) -> None:
+        self._watch_progress()
         f = self.spec.fault
         if (self.attempt == 0 and self.fault_step is not None and f.mode != FaultMode.during_save
+                and f.kind == FaultKind.kill_node
                 and self.killed_at is None and steps_completed(self.run_dir, (0,)) >= self.fault_step):
             print(f"fault injection: killing every process of node {f.kill_node} after step {self.fault_step}",
                   flush=True)
@@ -156,13 +196,17 @@ class LocalWorkers(Workers):
                 if code in (0, EXIT_LEFT) or copy in dropped:
                     continue
                 node = self.job.node_of(slot)
-                if code > 0:  # the program failed, not a node
+                if code > 0 and code not in CRASHES:  # the program stopped itself and said why
                     self.stop()
-                    return Outcome(False, [], f"{self.job.procs and f'copy {copy} rank'} slot {slot} on node {node} "
-                                   f"{_describe(code)}; logs in {self.job.run_dir / 'logs'}")
+                    return Outcome(False, [], f"copy {copy} slot {slot} on node {node} {_describe(code)}; logs in "
+                                   f"{self.job.run_dir / 'logs'}")
                 outcome = self._node_lost(node, slot, code, dropped)
                 if outcome is not None:
                     return outcome
+            if self.policy.refused:  # every copy was told to leave: re-plan and restart
+                self.stop()
+                return Outcome(False, list(self.lost), f"cannot go on in place: {self.policy.refused}",
+                               self._detected(), crashed=self.crash_error is not None, error=self.crash_error)
             members = set(self.coordinator.current.copies)
             waiting = {s for s in range(len(self.job.procs)) if self.copy_of.get(s) not in members} - set(done)
             if waiting and set(done) | waiting == set(range(len(self.job.procs))):
@@ -178,30 +222,39 @@ class LocalWorkers(Workers):
             time.sleep(0.05)
 
     def _node_lost(self, node, slot: int, code: int, dropped: set[int]):
-        """A rank killed: its node is lost. Its copies drop out; the rest go on in place, or
-        (when the policy cannot) every rank stops and the loop restarts."""
+        """A rank killed: its node is lost; a rank that crashed (an error exit): its copy. The
+        copies hit drop out; the rest go on in place, or (when the policy cannot) every rank
+        stops and the loop restarts."""
         from orchestrator.launch.inplace import why_not_in_place
 
-        if node not in self.lost:
+        crashed = code > 0
+        error = last_error(self.job.run_dir / "logs", self.job.names[slot]) if crashed else None
+        if not crashed and node not in self.lost:
             self.lost.append(node)
-        copies = {self.copy_of[s] for s in range(len(self.job.procs)) if self.job.node_of(s) == node}
+        self.crash_error = error if crashed else self.crash_error
+        on = [s for s in range(len(self.job.procs)) if (s == slot if crashed else self.job.node_of(s) == node)]
+        copies = {self.copy_of[s] for s in on}
         dropped |= copies
         self.spares -= copies
         self.job.kill([s for s in range(len(self.job.procs)) if self.copy_of.get(s) in copies])
         active = set(self.coordinator.current.copies)
         alive = len(active - dropped)
         why = why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(alive)
-        cause = f"node {node} lost ({_describe(code)}, slot {slot})"
+        cause = (f"slot {slot} on node {node} crashed ({_describe(code)}: {error}); node {node} stays up" if crashed
+                 else self.hang[1] if self.hang and self.hang[0] == node
+                 else f"node {node} lost ({_describe(code)}, slot {slot})")
         if why:
             self.say(f"FAILURE: {cause}; cannot go on in place: {why}")
             self.stop()
-            return Outcome(False, list(self.lost), cause, self._detected())
+            return Outcome(False, list(self.lost), cause, self._detected(), crashed=crashed, error=error)
         self.policy.detected = time.time()
         self.say(f"FAILURE: {cause}; copies {sorted(copies & active)} lost, the others go on in place")
         self.coordinator.lost(sorted(copies & active))
         return None
 
     def _detected(self) -> float | None:
+        if self.hang is not None:
+            return self.hang[2]
         return time.monotonic() - self.killed_at if self.killed_at else None
 
     def _wait_restart_only(self) -> Outcome:
@@ -209,9 +262,27 @@ class LocalWorkers(Workers):
         if res.ok:
             return Outcome(True)
         detected = self._detected()
+        if res.failed_node is not None and not res.signalled and res.code in CRASHES:  # its node stays up
+            rank, beat = self._first_crashed()
+            error = last_error(self.job.run_dir / "logs", self.job.names[rank])
+            detected = time.time() - beat.time if beat else None  # from its last sign of life
+            how = _describe(self.job.procs[rank].poll())
+            return Outcome(False, [], f"rank {rank} (node {self.job.node_of(rank)}) {how}: {error}", detected,
+                           crashed=True, error=error)
         if res.failed_node is None or not res.signalled:
             return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
+        if self.hang is not None:
+            return Outcome(False, [self.current[self.hang[0]]], self.hang[1], self.hang[2])
         return Outcome(False, [self.current[res.failed_node]], res.cause, detected)
+
+    def _first_crashed(self):
+        """Of the ranks that exited with an error, the one furthest behind (its peers failed of it)."""
+        failed = {p.pid: r for r, p in enumerate(self.job.procs) if p.poll() in CRASHES}
+        beats = progress.read(self.run_dir, failed)
+        if not beats:
+            return min(failed.values()), None
+        first = min(beats.values(), key=lambda b: (b.step, b.ended, b.time))
+        return failed[first.pid], first
 
     def stop(self) -> None:
         if self.job is not None:
@@ -244,10 +315,13 @@ class LocalLauncher(Launcher):
             code = supervise(self.plan, self.run_dir, workers, first_attempt=first)
         finally:
             stop.restore()
+        how = read_status(self.run_dir)
         if code:
-            print(f"\nFAILED: every rank was stopped. Logs: {self.run_dir / 'logs'}", file=sys.stderr)
+            print(f"\n{how.get('state', 'failed').upper()}: {how.get('message', '')}; every rank was stopped. "
+                  f"Logs: {self.run_dir / 'logs'}", file=sys.stderr)
             return code
-        print(f"\ndone: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
+        print(f"\nCOMPLETED: {how.get('message', '')}")
+        print(f"done: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
               f"{self.run_dir / 'metrics.json'}, plan and pictures in {self.run_dir}")
         return 0
 

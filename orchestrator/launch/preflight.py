@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator.config.compose import to_dict
 from orchestrator.config.errors import Problem
-from orchestrator.config.schema import Config, FaultMode
+from orchestrator.config.schema import Config, FaultKind, FaultMode
 from orchestrator.plan import checkpoints as ckpt
 
 # Local places no run may write into (a typo away from damage).
@@ -19,7 +19,17 @@ def fault_problems(spec: Config) -> list[Problem]:
     """fault.* and failover.* settings, checked before anything starts."""
     f, fo, out = spec.fault, spec.failover, []
     nodes, steps = spec.cluster.nodes, spec.training.steps
-    if f.kill_node is not None:
+    if f.kind == FaultKind.slow_node:
+        out.append(Problem("fault.kind", "slow_node is not injected yet.", "use kill_node, crash_rank or hang_rank."))
+    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank):
+        world = nodes * spec.hardware.gpus_per_node
+        if f.rank is None or not 0 <= f.rank < world:
+            out.append(Problem("fault.rank", f"fault.kind={f.kind.value} needs a global rank 0 .. {world - 1}, got "
+                               f"{f.rank}.", "set fault.rank=<rank>."))
+        if f.at_step is None or not 0 < f.at_step < steps:
+            out.append(Problem("fault.at_step", f"fault.kind={f.kind.value} needs a step inside 1 .. {steps - 1}, got "
+                               f"{f.at_step}.", f"use fault.at_step between 1 and {steps - 1}."))
+    if f.kill_node is not None and f.kind == FaultKind.kill_node:
         if not 0 <= f.kill_node < nodes:
             out.append(Problem("fault.kill_node", f"node {f.kill_node} does not exist: cluster.nodes is {nodes}.",
                                f"use 0 .. {nodes - 1}."))
@@ -39,9 +49,13 @@ def fault_problems(spec: Config) -> list[Problem]:
                 out.append(Problem("fault.at_step, fault.mode", f"no checkpoint is saved at step {f.at_step} "
                                    f"(training.checkpoint.every={every}): during_save would never fire.",
                                    f"use a multiple of {every}, e.g. fault.at_step={max(every, f.at_step - f.at_step % every)}."))
-    if fo.max_failovers < 0 or fo.min_dp < 1:
-        out.append(Problem("failover.max_failovers, failover.min_dp", f"need max_failovers >= 0 and min_dp >= 1, "
-                           f"got {fo.max_failovers} and {fo.min_dp}.", "use e.g. 3 and 1."))
+    if (fo.max_failovers or 0) < 0 or fo.min_dp < 1 or (fo.max_failovers_per_hour or 1) <= 0 \
+            or fo.no_progress_attempts < 1:
+        out.append(Problem("failover.max_failovers, failover.max_failovers_per_hour, failover.min_dp, "
+                           "failover.no_progress_attempts", f"need max_failovers >= 0, max_failovers_per_hour > 0, "
+                           f"min_dp >= 1 and no_progress_attempts >= 1, got {fo.max_failovers}, "
+                           f"{fo.max_failovers_per_hour}, {fo.min_dp} and {fo.no_progress_attempts}.",
+                           "use e.g. null (no total cap), null (from the job MTBF), 1 and 3."))
     return out
 
 

@@ -43,10 +43,22 @@ class LocalResult:
     pids: list[int] = field(default_factory=list)
     seconds: float = 0.0
     signalled: bool = False  # the failed rank was killed by a signal (a lost node), not an error exit
+    code: int | None = None  # the failed rank's own exit status
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+def last_error(logs: Path, name: str) -> str:
+    """The error a crashed rank ended with: the last line of its log that names an exception
+    (the comparison that tells a repeated bug from a fault)."""
+    try:
+        lines = [x.strip() for x in (Path(logs) / f"{name}.log").read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return "no log"
+    errors = [x for x in lines if "Error" in x.split(":", 1)[0] or "Exception" in x.split(":", 1)[0]]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
 def _describe(code: int) -> str:
@@ -85,6 +97,7 @@ class LocalJob:
     def start(self) -> None:
         self.port = free_port()
         self.nodes_of: list[int] = []
+        self.names: list[str] = []  # each process's log name (logs/NAME.log)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         for rank in range(self.world):
             self.spawn(rank, rank // self.gpn, {"RANK": rank, "WORLD_SIZE": self.world}, f"rank{rank}")
@@ -109,6 +122,7 @@ class LocalJob:
                                  start_new_session=True, text=True, bufsize=1, preexec_fn=_die_with_parent)
         self.procs.append(p)
         self.nodes_of.append(node)
+        self.names.append(name)
         t = threading.Thread(target=self._pump, args=(len(self.procs) - 1, p, name), daemon=True)
         t.start()
         self._threads.append(t)
@@ -153,7 +167,7 @@ class LocalJob:
                     self._reap()
                     return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "
                                        f"{_describe(code)}", [p.pid for p in self.procs], time.monotonic() - t0,
-                                       signalled=code < 0)
+                                       signalled=code < 0, code=code)
                 if all(c == 0 for c in codes):
                     self._reap()
                     return LocalResult(0, pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)

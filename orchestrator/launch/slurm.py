@@ -130,7 +130,7 @@ def local_only_problems(spec) -> list[Problem]:
                            f"launcher only; a SLURM job asks for cluster.nodes={spec.cluster.nodes} and, after a "
                            f"node loss, goes on in place or re-plans on the survivors.",
                            "set cluster.spare_nodes=0 (or raise cluster.nodes and keep copies: layout.dp_shard)."))
-    if spec.fault.kill_node is not None:
+    if spec.fault.kill_node is not None or spec.fault.rank is not None:
         out.append(Problem("fault.kill_node", "fault injection emulates a node loss in the local launcher; a SLURM "
                            "job has real nodes.", "unset fault.*; fail a node with slurm/kill-node.sh NODE instead."))
     return out

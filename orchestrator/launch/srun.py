@@ -38,14 +38,51 @@ def hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def dead_nodes(nodes: list[str]) -> list[str]:
-    """Nodes SLURM reports down or not responding."""
+def dead_nodes(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> list[str]:
+    """Nodes SLURM reports down or not responding. A slurmctld that does not answer (sinfo
+    timing out or failing) is retried `tries` times, then reads as no news: the supervisor
+    keeps watching instead of dying."""
     if not nodes:
         return []
-    out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], capture_output=True,
-                         text=True, timeout=60).stdout
+    for k in range(tries):
+        try:
+            r = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], capture_output=True,
+                               text=True, timeout=timeout_s)
+            if r.returncode == 0:
+                out = r.stdout
+                break
+        except (subprocess.TimeoutExpired, OSError) as e:
+            print(f"sinfo did not answer ({type(e).__name__}), try {k + 1} of {tries}", flush=True)
+        time.sleep(1.0)
+    else:
+        return []
     return sorted({n for n, st in (line.split() for line in out.splitlines() if line.strip())
                    if any(x in st.lower() for x in DOWN_STATES)})
+
+
+def node_fail_wait_s(lc) -> float:
+    """launcher.node_fail_wait_s, or what SLURM takes to mark a dead node down: SlurmdTimeout
+    (scontrol show config; 300 s when it does not answer) + 30 s, at least 60 s."""
+    if lc.node_fail_wait_s is not None:
+        return float(lc.node_fail_wait_s)
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20).stdout
+        line = next(x for x in out.splitlines() if x.split("=")[0].strip() == "SlurmdTimeout")
+        timeout = float(line.split("=", 1)[1].split()[0])
+    except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError, IndexError):
+        timeout = 300.0
+    return max(60.0, timeout + 30.0)
+
+
+def _crash_error(logs: Path) -> str | None:
+    """The first error a rank of the step ended with (rank%t.log), None when none did."""
+    from orchestrator.launch.processes import last_error
+
+    for log in sorted(Path(logs).glob("rank*.log")):
+        line = last_error(logs, log.stem)
+        if "Error" in line.split(":", 1)[0]:
+            return line
+    return None
 
 
 class SrunWorkers(Workers):
@@ -88,6 +125,7 @@ class SrunWorkers(Workers):
         # failover: the survivors, a spare close to its group) and ordered by the cluster's topology
         alive = [n for n in self.all if n not in self.lost]
         self.current, self.policy = for_attempt(self.spec, plan_dir, alive, need), policy
+        self.plan_dir = Path(plan_dir)
         (plan_dir / "logs").mkdir(parents=True, exist_ok=True)
         if policy is not None:
             from orchestrator.launch.control import JobServices
@@ -148,13 +186,17 @@ class SrunWorkers(Workers):
         if code == EXIT_STOPPED or self.stop_requested:
             self._close()
             return Outcome(False, [], "stopped on request (preemption or time limit)", stopped=True)
-        deadline = time.monotonic() + lc.node_fail_wait_s  # a rank dies of its peer before SLURM marks the node
+        deadline = time.monotonic() + node_fail_wait_s(lc)  # a rank dies of its peer before SLURM marks the node
         while time.monotonic() < deadline and not self.lost:
             self.lost += dead_nodes(self.current)
             time.sleep(1.0)
         self._close()
         if self.lost:
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
+        error = _crash_error(self.plan_dir / "logs")
+        if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
+            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
+                           error=error)
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
 

@@ -31,6 +31,8 @@ class Outcome:
     cause: str = ""
     detected_s: float | None = None  # seconds from the failure to its detection, when known
     stopped: bool = False  # every rank saved and stopped on request (preemption, time limit)
+    crashed: bool = False  # a rank failed with an error on a node that stays up (a fault, until it repeats)
+    error: str | None = None  # what the crashed rank said last (its log's last error line)
 
 
 class Workers(ABC):
@@ -61,6 +63,8 @@ def layout_of(plan, nodes: int) -> dict:
 
 
 EXIT_STOPPED = 3  # the run saved and stopped on request; it continues from its checkpoint
+EXIT_INCOMPLETE = 6  # every rank ended, with steps missing (a failover path that ended the run early)
+EXIT_NO_PROGRESS = 7  # attempts kept failing at the same step: a requeue would do the same
 
 
 def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: int = 0) -> int:
@@ -86,26 +90,37 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             plan, attempt = policy.plan, policy.attempt
             write_status(run_dir, next_attempt=attempt + 1)
         if outcome.ok:
-            write_status(run_dir, state="completed", message=f"finished after {failovers} failover(s)")
+            missing = _missing_steps(run_dir, spec.training.steps, attempt)
+            if missing:  # every rank ended, but not at the last step: never say it finished
+                write_status(run_dir, state="failed", message=missing)
+                say(f"\nFAILED: {missing}", file=sys.stderr)
+                return EXIT_INCOMPLETE
+            write_status(run_dir, state="completed", message=f"finished all {spec.training.steps} steps after "
+                         f"{failovers} restart(s) and {_in_place_count(run_dir)} in-place failover(s)")
             _measured(run_dir, say)
             return 0
         if outcome.stopped:
             write_status(run_dir, state="stopped", message=outcome.cause)
             return EXIT_STOPPED
         t_fail = time.monotonic()
-        if not outcome.lost:
+        if not outcome.lost and not outcome.crashed:
             write_status(run_dir, state="failed", message=outcome.cause)
             say(f"\nFAILED: {outcome.cause}", file=sys.stderr)
             return 1
-        say(f"\nFAILURE: {outcome.cause}; marking node(s) {outcome.lost} lost", file=sys.stderr, flush=True)
-        if not fo.enabled or failovers >= fo.max_failovers:
-            why = "failover is off" if not fo.enabled else f"failover.max_failovers={fo.max_failovers} reached"
-            write_status(run_dir, state="failed", message=f"node(s) {outcome.lost} lost; {why}")
-            say(f"STOPPED: {why}; {failovers} failover(s) so far.", file=sys.stderr)
-            return 1
+        what = f"node(s) {outcome.lost} lost" if outcome.lost else "a rank crashed (its node stays in service)"
+        say(f"\nFAILURE: {outcome.cause}; {what}", file=sys.stderr, flush=True)
+        done = steps_completed(run_dir, range(attempt + 1))
+        stop = _why_stop(run_dir, plan, failovers, done, outcome)
+        if stop is not None:
+            why, code = stop
+            events.record(run_dir, {"mode": "stopped", "nodes_lost": outcome.lost, "cause": outcome.cause,
+                                    "error": outcome.error, "failed_after_step": done, "reasons": [why]})
+            write_status(run_dir, state="failed", message=f"{what}: {outcome.cause}; STOPPED: {why}")
+            say(f"STOPPED: {why}; {failovers} restart(s) so far.", file=sys.stderr)
+            return code
         survivors = [n for n in alive if n not in outcome.lost]
         t0 = time.monotonic()
-        write_status(run_dir, state="re-forming", message=f"node(s) {outcome.lost} lost")
+        write_status(run_dir, state="re-forming", message=what)
         rp = replan_on_survivors(plan, len(survivors))
         replan_s = time.monotonic() - t0
         if rp.plan is None:
@@ -115,20 +130,72 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
                 file=sys.stderr)
             return 1
         failovers += 1
-        done = steps_completed(run_dir, range(attempt + 1))
-        why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
-        resume_from = ckpt.latest_complete(url) or 0
-        event = events.record(run_dir, {
-            "mode": "restart", "attempt": attempt, "node": outcome.lost[0], "nodes_lost": outcome.lost,
-            "cause": outcome.cause, "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
-            "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
-            "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
-            "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why,
-            "seconds": {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start}})
-        say(f"FAILOVER {failovers} (restart, {why}): node(s) {outcome.lost} lost after step {done}; re-planned on {rp.nodes} "
-            f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
-            f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
+        _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, done, failovers, what,
+                        {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start},
+                        say)
         alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1
+
+
+def _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, done, failovers, what, seconds,
+                    say) -> None:
+    """The restart's event in failover.json, and its line on the console."""
+    why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
+    resume_from = ckpt.latest_complete(url) or 0
+    event = events.record(run_dir, {
+        "mode": "restart", "attempt": attempt, "node": (outcome.lost or [None])[0], "nodes_lost": outcome.lost,
+        "cause": outcome.cause, "kind": "crash_rank" if outcome.crashed else "node_lost", "error": outcome.error,
+        "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
+        "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
+        "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
+        "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why, "seconds": seconds})
+    say(f"FAILOVER {failovers} (restart, {why}): {what} after step {done}; re-planned on {rp.nodes} "
+        f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
+        f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
+
+
+def _why_stop(run_dir: Path, plan, failovers: int, done: int, outcome: Outcome) -> tuple[str, int] | None:
+    """Why this failure ends the run (reason, exit status), or None to recover. A crash with the
+    same error at the same step as an earlier one is a bug in the code or the config, not a fault."""
+    fo = plan.spec.failover
+    past = [e for e in events.read_events(run_dir) if e.get("mode") == "restart"]
+    if not fo.enabled:
+        return "failover is off (failover.enabled=false)", 1
+    if outcome.crashed and any(e.get("error") == outcome.error and e.get("failed_after_step") == done for e in past):
+        return (f"the same error at step {done} twice, so a bug in the code or the config, not a fault: "
+                f"{outcome.error}"), 1
+    if fo.max_failovers is not None and failovers >= fo.max_failovers:
+        return f"failover.max_failovers={fo.max_failovers} reached", 1
+    mtbf = (plan.blast_radius or {}).get("job_mtbf_hours") or float("inf")
+    rate = fo.max_failovers_per_hour or max(3.0, 4.0 / mtbf)
+    recent = [e for e in past if e["time"] > time.time() - 3600]
+    if len(recent) >= rate:
+        return (f"{len(recent)} restarts in the last hour reach failover.max_failovers_per_hour={rate:g}"
+                f"{'' if fo.max_failovers_per_hour else f' (4 x the job MTBF of {mtbf:.2g} h, at least 3)'}"), 1
+    same = 1
+    for e in reversed(past):
+        if e.get("failed_after_step") != done:
+            break
+        same += 1
+    if same >= fo.no_progress_attempts:
+        return (f"no progress: {same} attempts in a row failed after step {done} "
+                f"(failover.no_progress_attempts={fo.no_progress_attempts})"), EXIT_NO_PROGRESS
+    return None
+
+
+def _missing_steps(run_dir: Path, steps: int, attempt: int) -> str | None:
+    """Why a run whose ranks all ended well is not complete (None: every step ran). A runtime
+    that keeps no metrics.jsonl (an external trainer) is taken at its word."""
+    if not (Path(run_dir) / "metrics.jsonl").exists():
+        return None
+    done = steps_completed(run_dir, range(attempt + 1))
+    if done >= steps:
+        return None
+    return (f"every rank ended, but only {done} of training.steps={steps} steps completed ({steps - done} "
+            f"missing); see failover.json and the logs")
+
+
+def _in_place_count(run_dir: Path) -> int:
+    return len([e for e in events.read_events(run_dir) if e.get("mode") in ("in_place", "spare")])
 
 
 def _measured(run_dir: Path, say) -> None:

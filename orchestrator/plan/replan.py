@@ -1,12 +1,21 @@
-"""Re-plan on the nodes that survive a failure: keep TP, CP, PP (and EP), shrink DP,
-keep the global batch (or adjust it, per failover.batch_policy). Torch-free: both the
-local launcher and the SLURM supervisor call it."""
+"""Re-plan on what survives a failure: keep TP, CP, PP (and EP) and every whole replica that
+is left, keep the global batch (failover.batch_policy). Torch-free: the local launcher, the
+SLURM supervisor, the in-place policy and the plan's own `blast_radius.after_node_loss` call it.
+
+With batch_policy=keep (the default) the survivors keep the global batch exact even when
+they do not divide it: its micro-batches split unevenly (training.uneven_batch, the first
+M % dp replicas take one more) and the plan costs the slowest replica. `even` keeps only
+even splits (a smaller micro-batch, else fewer nodes); `adjust` rounds the batch down."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from orchestrator.config.schema import BatchPolicy, Config
+
+
+MAX_COUNTS, MAX_PLANS = 4096, 16  # node counts looked at (largest first), of them planned
 
 
 @dataclass
@@ -19,20 +28,57 @@ class Replan:
     problems: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Batch:
+    micro_batch: int
+    global_batch: int
+    uneven: bool
+    change: str | None = None  # what changed, said plainly (None: nothing)
+
+
+def batch_for(spec: Config, dp: int) -> Batch | str:
+    """How `dp` replicas run the global batch under failover.batch_policy; a string says why not."""
+    B, b, policy = spec.training.global_batch, spec.training.micro_batch, spec.failover.batch_policy
+    if B % (dp * b) == 0:
+        return Batch(b, B, False)
+    if policy == BatchPolicy.keep and B % b == 0 and B // b >= dp and not spec.model.moe.experts:
+        q, extra = divmod(B // b, dp)
+        return Batch(b, B, True, f"global_batch {B} split unevenly: {extra} replica(s) take {q + 1} micro-batches, "
+                                 f"{dp - extra} take {q}")
+    fits = [x for x in range(b - 1, 0, -1) if B % (dp * x) == 0]
+    if fits:
+        return Batch(fits[0], B, False, f"micro_batch {b} -> {fits[0]} to keep global_batch {B}")
+    if policy == BatchPolicy.adjust:
+        new_B = (B // (dp * b)) * dp * b
+        if new_B == 0:
+            return f"dp {dp} x micro_batch {b} exceeds global_batch {B}"
+        return Batch(b, new_B, False, f"global_batch {B} -> {new_B} (failover.batch_policy=adjust)")
+    return f"global_batch {B} does not split evenly over dp {dp} (failover.batch_policy={policy.value})"
+
+
+def with_batch(spec: Config, batch: Batch, **training) -> Config:
+    return dataclasses.replace(spec, training=dataclasses.replace(
+        spec.training, micro_batch=batch.micro_batch, global_batch=batch.global_batch, uneven_batch=batch.uneven,
+        **training))
+
+
 def replan_on_survivors(plan, alive_nodes: int) -> Replan:
-    """The best layout on `alive_nodes` nodes keeping TP, CP, PP and EP of `plan`."""
+    """The best layout on `alive_nodes` nodes keeping TP, CP, PP and EP of `plan`: every whole
+    replica that fits on them (the rest of the nodes wait as spares)."""
     from orchestrator.plan.plan import plan_spec
 
     spec, old = plan.spec, plan.layout
     gpn, fo = spec.hardware.gpus_per_node, spec.failover
     replica = old.tp * old.cp * old.pp
-    B, b = spec.training.global_batch, spec.training.micro_batch
-    tried = []
-    for n in range(alive_nodes, 0, -1):
+    unit = replica // math.gcd(replica, gpn)  # node counts that hold whole replicas are its multiples
+    start = alive_nodes - alive_nodes % unit
+    tried = [] if start == alive_nodes else [f"{alive_nodes} nodes: whole replicas of {replica} GPUs fit on {start}"]
+    planned = 0
+    for n in range(start, 0, -unit)[:MAX_COUNTS]:
+        if planned >= MAX_PLANS:
+            tried.append(f"gave up after {MAX_PLANS} layouts that did not plan")
+            break
         world = n * gpn
-        if world % replica:
-            tried.append(f"{n} nodes: {world} GPUs do not hold whole replicas of {replica}")
-            continue
         dp = world // replica
         if dp < fo.min_dp:
             tried.append(f"{n} nodes: dp {dp} < failover.min_dp {fo.min_dp}")
@@ -40,35 +86,39 @@ def replan_on_survivors(plan, alive_nodes: int) -> Replan:
         if world % (old.etp * old.ep * old.pp):
             tried.append(f"{n} nodes: the expert grid etp*ep*pp = {old.etp * old.ep * old.pp} does not divide {world}")
             continue
-        changes = [f"dp {old.dp} -> {dp}"]
-        new_b, new_B = b, B
-        if B % (dp * b):
-            fits = [x for x in range(b - 1, 0, -1) if B % (dp * x) == 0]
-            if fits:
-                new_b = fits[0]
-                changes.append(f"micro_batch {b} -> {new_b} to keep global_batch {B}")
-            elif fo.batch_policy == BatchPolicy.adjust:
-                new_B = (B // (dp * b)) * dp * b
-                if new_B == 0:
-                    tried.append(f"{n} nodes: dp {dp} x micro_batch {b} exceeds global_batch {B}")
-                    continue
-                changes.append(f"global_batch {B} -> {new_B} (failover.batch_policy=adjust)")
-            else:
-                tried.append(f"{n} nodes: global_batch {B} does not split over dp {dp} (batch_policy=keep)")
-                continue
+        batch = batch_for(spec, dp)
+        if isinstance(batch, str):
+            tried.append(f"{n} nodes: {batch}")
+            continue
+        changes = [f"dp {old.dp} -> {dp}"] + ([batch.change] if batch.change else [])
         # one copy of the state stays one copy; copies keep their size where it still divides dp
         shard = None if old.dp_shard == old.dp or dp % old.dp_shard else old.dp_shard
-        new = dataclasses.replace(
+        new = with_batch(dataclasses.replace(
             spec, cluster=dataclasses.replace(spec.cluster, nodes=n),
             layout=dataclasses.replace(spec.layout, dp=dp, search=False, tp=old.tp, cp=old.cp, pp=old.pp,
-                                       vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=shard),
-            training=dataclasses.replace(spec.training, micro_batch=new_b, global_batch=new_B))
+                                       vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=shard)), batch)
         new_plan = plan_spec(new)
+        planned += 1
         if not new_plan.valid:
             tried.append(f"{n} nodes: " + "; ".join(str(e) for e in new_plan.errors))
             continue
-        changes.append(f"micro-batches per replica {old.microbatches} -> {new_plan.layout.microbatches}")
+        most = -(-(batch.global_batch // batch.micro_batch) // dp)
+        changes.append(f"micro-batches per replica {old.microbatches} -> {new_plan.layout.microbatches}" + (
+            "" if not batch.uneven else " (the slowest replica's)" if most == new_plan.layout.microbatches else
+            f" (the schedule's count: {most} real at most, the rest padding that weighs nothing)"))
         return Replan(new, new_plan, n, (alive_nodes - n) * gpn, changes, tried)
     if not tried:
         tried.append(f"no node survives (alive {alive_nodes})")
     return Replan(None, None, 0, alive_nodes * gpn, [], tried)
+
+
+def after_node_loss(plan) -> dict:
+    """What losing one node costs, before anything runs (blast_radius.after_node_loss): the
+    re-plan on the other nodes. Empty figures and the reasons when nothing would go on."""
+    nodes = plan.spec.cluster.nodes
+    rp = replan_on_survivors(plan, nodes - 1) if nodes > 1 else Replan(None, None, 0, 0, [], ["one node only"])
+    if rp.plan is None:
+        return {"nodes": 0, "dp": 0, "global_batch": 0, "step_s": None, "problems": rp.problems[-3:]}
+    return {"nodes": rp.nodes, "dp": rp.plan.layout.dp, "global_batch": rp.spec.training.global_batch,
+            "step_s": rp.plan.step.wall_s, "uneven_batch": rp.spec.training.uneven_batch,
+            "microbatches": rp.plan.layout.microbatches, "spare_gpus": rp.spare_gpus}

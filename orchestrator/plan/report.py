@@ -159,6 +159,12 @@ def _blast(plan) -> list[str]:
         g = goodput(plan)
         L.append(f"  goodput: predicted ETTR {g['predicted_ettr']:.1%} ("
                  + ("in place" if g["in_place"] else "restart") + f": a failure costs ~{_fmt_s(g['lost_per_failure_s'])})")
+    loss = br.get("after_node_loss")
+    if loss and loss["nodes"]:
+        L.append(f"  after one node lost: {loss['nodes']} nodes, dp {loss['dp']}, global batch {loss['global_batch']}"
+                 f"{' (split unevenly)' if loss.get('uneven_batch') else ''}, step {_fmt_s(loss['step_s'])}")
+    elif loss:
+        L.append(f"  after one node lost: nothing goes on ({'; '.join(loss['problems'])})")
     return L
 
 

@@ -481,6 +481,24 @@ def _check_sequence(spec: Config, problems: list[Problem]) -> None:
                                 "use a seq_len divisible by cp*tp, or layout.sequence_parallel=false."))
 
 
+def _check_uneven(spec: Config, dp: int, problems: list[Problem]) -> int:
+    """An uneven split: whole micro-batches, at least one per replica, a dense model. The slowest
+    replica's count (the schedule runs it on every replica; the others' extra ones weigh nothing)."""
+    tr = spec.training
+    B, b, where = tr.global_batch, tr.micro_batch, "training.uneven_batch, training.global_batch"
+    if B % b:
+        problems.append(Problem(where + ", training.micro_batch", f"global_batch {B} is not a multiple of "
+                                f"micro_batch {b}.", f"use training.micro_batch=1 or a divisor of {B}."))
+    elif B // b < dp:
+        problems.append(Problem(where + ", layout.dp", f"{B // b} micro-batches of {b} cannot give each of dp {dp} "
+                                f"replicas one.", f"use layout.dp<={B // b} or a larger global_batch."))
+    elif spec.model.moe.experts:
+        problems.append(Problem(where + ", model.moe.experts", "an uneven split is for dense models (the expert "
+                                "load would count unequal replicas).", "use a global_batch divisible by dp x "
+                                "micro_batch, or training.uneven_batch=false."))
+    return -(-(B // b) // dp)
+
+
 def _check_batch(spec: Config, dp: int, rules: str, problems: list[Problem], warnings: list[str]) -> int:
     """The global batch against data parallelism, micro-batches against the schedule as the
     stack implements it (config/schedules.py: one rule per schedule and stack, with its source)."""
@@ -489,15 +507,23 @@ def _check_batch(spec: Config, dp: int, rules: str, problems: list[Problem], war
     if not dp:
         return 0
     # Megatron: ConstantNumMicroBatchesCalculator asserts it (megatron/core/num_microbatches_calculator.py
-    # :367-392); torch: the runtime splits each replica's batch into equal micro-batches.
-    if B % (dp * b):
+    # :367-392); torch: the runtime splits each replica's batch into equal micro-batches, or with
+    # training.uneven_batch the first (B/b) % dp replicas take one more (train/data.py share).
+    uneven = tr.uneven_batch and B % (dp * b)
+    if uneven:
+        before = len(problems)
+        mb = _check_uneven(spec, dp, problems)
+        if len(problems) > before:
+            return 0
+    elif B % (dp * b):
         lo = (B // (dp * b)) * dp * b or dp * b
         problems.append(Problem("training.global_batch, layout.dp, training.micro_batch",
                                 f"global_batch {B} is not a multiple of dp {dp} x micro_batch {b} = {dp * b}.",
                                 f"use training.global_batch={lo} or {lo + dp * b}" +
                                 (", or training.micro_batch=1" if b > 1 and B % dp == 0 else "") + "."))
         return 0
-    mb = B // (dp * b)
+    else:
+        mb = B // (dp * b)
     if spec.schedule.microbatches not in (None, mb):
         problems.append(Problem("schedule.microbatches", f"set to {spec.schedule.microbatches}, but global_batch "
                                 f"{B} / (dp {dp} x micro_batch {b}) = {mb}.", "leave schedule.microbatches unset."))
@@ -510,6 +536,9 @@ def _check_batch(spec: Config, dp: int, rules: str, problems: list[Problem], war
     where = f"dp {dp} x micro_batch {b} out of global_batch {B}"
     who = f"stack={spec.stack.name} ({rule.stack} rules, {rule.source})"
     why = rule.refuse(p, chunks, mb)
+    if why and uneven and rule.smallest_m(p, chunks, mb):  # the schedule runs more; the extra ones weigh nothing
+        mb = rule.smallest_m(p, chunks, mb)
+        why = rule.refuse(p, chunks, mb)
     if why:
         target = rule.smallest_m(p, chunks, mb)
         fix = (f"make global_batch / (dp x micro_batch) {target}, e.g. training.global_batch={target * dp * b}, "

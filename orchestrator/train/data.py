@@ -1,8 +1,9 @@
 """A deterministic, seedable token stream that every layout reads the same way.
 
 Global sample i of the stream is a fixed sequence of seq_len + 1 tokens (inputs
-and next-token labels). Step t consumes samples [t*B, (t+1)*B); data-parallel
-rank r takes the contiguous slice [t*B + r*B/dp, t*B + (r+1)*B/dp) and cuts it into
+and next-token labels). Step t consumes samples [t*B, (t+1)*B), M = B/b micro-batches
+of b samples; data-parallel rank r takes a contiguous run of them (`share`: M/dp each
+when dp divides M, else the first M % dp ranks take one more) and cuts it into
 micro-batches in order. The position in the stream is just the next step, so
 resuming at step t under any DP degree reads exactly the samples not yet seen.
 
@@ -49,10 +50,17 @@ class TokenSource:
         noise = torch.rand(n, generator=g) < 0.05
         return torch.where(noise, torch.randint(self.vocab, (n,), generator=g), seq)
 
-    def indices(self, step: int, global_batch: int, dp: int, dp_rank: int) -> list[int]:
-        per = global_batch // dp
-        first = step * global_batch + dp_rank * per
-        return list(range(first, first + per))
+    def indices(self, step: int, global_batch: int, dp: int, dp_rank: int, micro_batch: int = 1) -> list[int]:
+        first, count = share(global_batch // micro_batch, dp, dp_rank)
+        start = step * global_batch + first * micro_batch
+        return list(range(start, start + count * micro_batch))
 
     def batch(self, indices: list[int]) -> torch.Tensor:
         return torch.stack([self.sample(i) for i in indices])
+
+
+def share(microbatches: int, dp: int, dp_rank: int) -> tuple[int, int]:
+    """The micro-batches of one step that data-parallel rank `dp_rank` takes: (first, count).
+    Even when dp divides them; otherwise the first `microbatches % dp` ranks take one more."""
+    q, extra = divmod(microbatches, dp)
+    return dp_rank * q + min(dp_rank, extra), q + (1 if dp_rank < extra else 0)

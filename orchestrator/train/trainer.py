@@ -30,7 +30,7 @@ from orchestrator.plan import checkpoints as store
 from orchestrator.plan import events
 from orchestrator.plan.metrics import measured_mfu
 from orchestrator.train import checkpoint as ckpt
-from orchestrator.train.data import TokenSource
+from orchestrator.train.data import TokenSource, share
 from orchestrator.train.logger import Logger
 from orchestrator.train import world
 from orchestrator.train.model import cp_shard
@@ -44,8 +44,13 @@ EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops an
 EXIT_LEFT = 5  # this copy is not part of the next generation (the coordinator said so)
 
 
+IGNORE = -100  # the label of a padding micro-batch's tokens: they add nothing to the loss or the gradient
+
+
 def loss_fn(logits, labels):
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    """Token-mean cross entropy of one micro-batch (a padding one: 0, and no gradient)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+                           ignore_index=IGNORE) / labels.numel()
 
 
 def _scalar(x) -> float:
@@ -122,7 +127,8 @@ class Trainer:
         if self.lay["pp"] > 1:
             from orchestrator.train.pipeline import build_schedule  # only with pipeline stages
 
-            self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device, loss_fn)
+            self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
+                                              lambda out, y: loss_fn(out, y) * self._weight * self.lay["microbatches"])
         if self.replicas is None:
             self.dp_rank = self.coords[self.plan["mesh"]["data"]]
         else:
@@ -174,17 +180,35 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         if self.experts is not None:
             self.expert_stats = self.experts.after_step()
-        # The mean over every rank that computed a loss (all TP ranks of the last stage agree).
-        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0], dtype=torch.float64)
-        dist.all_reduce(agg)
-        return (agg[0] / agg[1]).item()
+        # The mean over every micro-batch of the step: each rank that computed a loss (all TP
+        # ranks of the last stage agree) weighs by its micro-batches.
+        total, count = world.host_reduce(self._loss_terms(local))
+        return total / count
+
+    def _loss_terms(self, local: float | None) -> list[float]:
+        return [local * self._real, float(self._real)] if local is not None else [0.0, 0.0]
 
     def _forward_backward(self, step: int) -> float | None:
-        tr, cp = self.spec.training, self.lay["cp"]
-        idx = self.data.indices(step, tr.global_batch, self.lay["dp"], self.dp_rank)
-        tokens = self.data.batch(idx).to(self.device)
+        """Forward and backward over this rank's micro-batches; their mean loss (None off the last
+        stage). With an uneven split (training.uneven_batch) each micro-batch weighs dp / M of the
+        step's M, so summed over the replicas the update is the full batch's; a rank with one
+        fewer runs a padding micro-batch (labels IGNORE) where the others' collectives need it."""
+        tr, cp, dp, b = self.spec.training, self.lay["cp"], self.lay["dp"], self.spec.training.micro_batch
+        M = tr.global_batch // b
+        _, self._real = share(M, dp, self.dp_rank)
+        self._weight = dp / M
+        in_step = self.schedule is not None or self.lay["dp_shard"] > 1  # peers count my micro-batches
+        run = self.lay["microbatches"] if in_step else self._real
+        idx = self.data.indices(step, tr.global_batch, dp, self.dp_rank, b)
+        tokens = self.data.batch(idx)
+        labels = tokens[:, 1:].clone()
+        if run > self._real:
+            pad = (run - self._real) * b
+            tokens = torch.cat([tokens, tokens[:1].expand(pad, -1)])
+            labels = torch.cat([labels, torch.full((pad, labels.shape[1]), IGNORE, dtype=labels.dtype)])
+        tokens, labels = tokens.to(self.device), labels.to(self.device)
         inputs = cp_shard(tokens[:, :-1], cp, self.coords["cp"])
-        labels = cp_shard(tokens[:, 1:], cp, self.coords["cp"])
+        labels = cp_shard(labels, cp, self.coords["cp"])
         if self.records:
             with open(self.run_dir / "samples" / f"rank{self.rank}.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
@@ -197,14 +221,15 @@ class Trainer:
                 kw = {"target": labels, "losses": losses} if self.has_last else {}
                 self.schedule.step(*args, **kw)
                 if self.has_last:
-                    local = sum(_scalar(x) for x in losses) / len(losses)
+                    local = sum(_scalar(x) for x in losses) / (self._weight * run * self._real)
             else:
-                model, m, b = self.parts[0][1], self.lay["microbatches"], tr.micro_batch
+                model = self.parts[0][1]
                 local = 0.0
-                for k in range(m):
-                    loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b]) / m
-                    loss.backward()
+                for k in range(run):
+                    loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b])
+                    (loss * self._weight).backward()
                     local += _scalar(loss)
+                local /= self._real
         return local
 
     def _commit_across_copies(self, step: int, local: float | None) -> float | None:
@@ -212,7 +237,7 @@ class Trainer:
         coordinator grants the commit once all asked, so no copy is ever a step ahead."""
         rep = self.replicas
         stop = 1.0 if self.should_stop is not None and self.should_stop() else 0.0
-        agg = torch.tensor([local or 0.0, 1.0 if local is not None else 0.0, stop], dtype=torch.float64)
+        agg = torch.tensor([*self._loss_terms(local), stop], dtype=torch.float64)
         ok = True
         try:
             sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
@@ -301,11 +326,14 @@ class Trainer:
         log = Logger(self.run_dir, self.plan)
         pending, step = None, start
         while step < tr.steps:
+            _fault_if_injected(self.rank, step, self.attempt)
+            world.beat(self.run_dir, step, "begin")
             t0 = time.perf_counter()
             loss = self.train_step(step)
             if loss is None:
                 continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
+            world.beat(self.run_dir, step, "end")
             self._record(log, step, loss, dt)
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
@@ -341,17 +369,14 @@ class Trainer:
             return False
         if self.replicas is not None:  # agreed across copies in the step's own all-reduce
             return self._stop_flag
-        flag = torch.tensor([1.0 if self.should_stop() else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() > 0
+        return world.host_reduce([1.0 if self.should_stop() else 0.0], dist.ReduceOp.MAX)[0] > 0
 
     def _record(self, log: Logger, step: int, loss: float, dt: float) -> None:
         tr, plan = self.spec.training, self.plan
-        rss_local = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         if self.device.type == "cuda":
-            rss_local[0] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        rss = [torch.zeros_like(rss_local) for _ in range(dist.get_world_size())]
-        dist.all_gather(rss, rss_local)  # this world: the job's, or with copies of the state, this copy's
+            mine = torch.cuda.max_memory_allocated(self.device) / 2**20
+        rss = [x[0] for x in world.host_gather([mine])]  # this world: the job's, or with copies, this copy's
         moe = self._expert_scalars()
         self.history["loss"].append(loss)
         self.history["step_time_s"].append(dt)
@@ -376,9 +401,7 @@ class Trainer:
         st = self.expert_stats
         if st is None:
             return {}
-        mine = torch.tensor([float(st["bytes"]), st["seconds"]], dtype=torch.float64)
-        ranks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(ranks, mine)
+        ranks = world.host_gather([float(st["bytes"]), float(st["seconds"])])
         self.history.setdefault("ep_bytes_per_rank", []).append([float(x[0]) for x in ranks])
         out = {"comm/ep_all_to_all_bytes_max": max(float(x[0]) for x in ranks),
                "time/ep_all_to_all_s_max": max(float(x[1]) for x in ranks)}
@@ -452,3 +475,19 @@ def _fault_hook(rank: int, gpus_per_node: int):
     if rank // gpus_per_node != int(os.environ["ORCH_FAULT_NODE"]):
         return None
     return _Fault(int(os.environ["ORCH_FAULT_STEP"]))
+
+
+def _fault_if_injected(rank: int, step: int, attempt: int) -> None:
+    """Fault injection (fault.kind=crash_rank | hang_rank), the first attempt only (what runs
+    after the recovery is healthy): this rank fails as a GPU fault would, or stops making
+    progress (its peers then block in the step's first collective); its node stays up."""
+    kind = os.environ.get("ORCH_FAULT_MODE")
+    if (kind not in ("crash_rank", "hang_rank") or attempt != 0 or int(os.environ["ORCH_FAULT_RANK"]) != rank
+            or int(os.environ["ORCH_FAULT_STEP"]) != step):
+        return
+    print(f"fault injection: rank {rank} {'crashes' if kind == 'crash_rank' else 'hangs'} before step {step + 1}",
+          flush=True)
+    if kind == "crash_rank":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (injected: fault.kind=crash_rank)")
+    while True:
+        time.sleep(3600)

@@ -44,6 +44,9 @@ def main() -> None:
     for torch_name, slurm_name in SLURM_ENV.items():
         if torch_name not in os.environ and slurm_name in os.environ:
             os.environ[torch_name] = os.environ[slurm_name]
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks a hung rank for its stack
     stop = {"requested": False}
     for sig in (signal.SIGUSR2, signal.SIGTERM):  # SLURM: time limit (USR2), preemption (TERM first)
         signal.signal(sig, lambda *_: stop.update(requested=True))

@@ -4,12 +4,15 @@ With one copy of the model state (layout.dp_shard = dp, the default) the world i
 whole job, started the usual way (RANK, WORLD_SIZE, MASTER_ADDR), and the meshes are the
 plan's grids. With several copies each copy is its own torch world, initialised through
 the job's store (ORCH_STORE) under its own prefix, with a mesh over its own ranks
-(pp, dps, cp, tp); what crosses copies belongs to train/replicas.py.
+(pp, dps, cp, tp); what crosses copies belongs to train/replicas.py. On a GPU the groups
+carry host scalars over a cpu:gloo side backend (`backend_for`, `host_reduce`).
 """
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -53,6 +56,7 @@ def copies_of(plan: dict) -> int:
 
 def init(plan: dict, backend: str, device_type: str, place: Place | None, store) -> dict[str, DeviceMesh]:
     """Initialise the torch world and build the meshes: the plan's, or the copy's own."""
+    backend = backend_for(backend, device_type)
     if store is None:
         if not dist.is_initialized():
             dist.init_process_group(backend)
@@ -62,6 +66,30 @@ def init(plan: dict, backend: str, device_type: str, place: Place | None, store)
                             world_size=size)
     mesh = torch.arange(size).reshape(copy_shape(plan["layout"]))
     return {"dense": DeviceMesh(device_type, mesh, mesh_dim_names=COPY_DIMS)}
+
+
+def backend_for(backend: str, device_type: str) -> str:
+    """The process groups' backends: on a GPU the configured one (NCCL) serves device tensors and
+    a cpu:gloo side backend the host scalars (loss, stop flag, memory, the copies' agreement), as
+    torchtitan does; NCCL alone refuses CPU tensors. On the CPU the configured one (gloo)."""
+    if device_type == "cuda" and backend != "gloo":
+        return f"cuda:{backend},cpu:gloo"
+    return backend
+
+
+def host_reduce(values: list[float], op=dist.ReduceOp.SUM, group=None) -> list[float]:
+    """Reduce host scalars over `group` (default: this world) in host memory: the side backend's."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def host_gather(values: list[float], group=None) -> list[list[float]]:
+    """Every rank's host scalars, in rank order."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    out = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [x.tolist() for x in out]
 
 
 def env_store():
@@ -79,3 +107,10 @@ def world_rank(plan: dict, index: int, coords: dict) -> int:
     dps = plan["layout"]["dp_shard"]
     return grid_from_json(plan).rank({"pp": coords["pp"], "dp": index * dps + coords["dps"], "cp": coords["cp"],
                                       "tp": coords["tp"], "ep": 0})
+
+
+def beat(run_dir: Path, step: int, phase: str) -> None:
+    """This rank's progress, for the launcher's deadline (launch/progress.py reads it)."""
+    d = Path(run_dir) / "progress"
+    d.mkdir(exist_ok=True)
+    (d / str(os.getpid())).write_text(f"{step} {phase} {time.time()}")
