@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -74,9 +75,14 @@ class Replicas:
 
     def drop(self) -> None:
         """Release this generation's groups now: their sockets close, and peers blocked on them
-        fail at once instead of after the timeout."""
+        fail at once instead of after the timeout. The group is destroyed on a thread of its own:
+        a gloo group whose lazily connecting pair waits on a dead peer blocks its destructor until
+        the collective timeout, and a copy stuck there would report after the quorum closed and be
+        evicted although healthy (torch releases the GIL while a process group is destroyed)."""
+        box = [self.replica] if self.replica is not None else []
         self.replica = None
-        gc.collect()
+        if box:
+            threading.Thread(target=_release, args=(box,), name="replica-drop", daemon=True).start()
 
     def ask(self, msg: dict, timeout_s: float | None = None) -> dict:
         """The leader asks the coordinator; every rank of the copy gets the same answer."""
@@ -129,3 +135,8 @@ class Replicas:
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
             offset += t.numel()
+
+
+def _release(box: list) -> None:
+    box.clear()  # the last reference: the group's destructor runs here, not on the training thread
+    gc.collect()
