@@ -266,7 +266,7 @@ class Coordinator:
     def _answer_for(self, copy: int) -> dict:
         if self.answer is None:
             return {"op": "exit", "reason": "no membership decided"}
-        if self.answer["op"] == "reform" and copy not in self.answer["copies"]:
+        if self.answer["op"] == "reform" and copy not in self.members:  # (a set: O(1) a copy, O(R) a reform)
             return {"op": "exit", "reason": f"copy {copy} is not part of generation {self.answer['gen']}"}
         return self.answer
 
