@@ -235,8 +235,11 @@ class Coordinator:
         late, together, and must not be cut off by a window that ran out while they were blocked)."""
         if self.changing is None or not self.reporting:
             return
-        alive = self.members - self.dead
-        if alive <= set(self.reporting) or self.clock() - self.first_report > self.quorum_s:
+        if self.clock() - self.first_report > self.quorum_s:
+            return self._conclude()
+        if len(self.reporting) < len(self.members) - len(self.dead):  # O(1): not all yet (the exact test is O(R))
+            return
+        if all(c in self.reporting for c in self.members if c not in self.dead):
             self._conclude()
 
     def _conclude(self) -> None:
