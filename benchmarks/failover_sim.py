@@ -419,7 +419,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     CONSTANTS["store_ops_s"] = measured_store_ops_s() or CONSTANTS["store_ops_s"]
-    rows = [scenario(n, k) for n in a.configs.split(",") for k in a.scenarios.split(",")]
+    rows = []
+    for n in a.configs.split(","):
+        for k in a.scenarios.split(","):
+            rows.append(scenario(n, k))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress: a 100k-rank scenario takes minutes
     replays = [replay(rows, n) for n in a.configs.split(",") if set(a.scenarios.split(",")) >= set(SCENARIOS)]
     if a.json:
         print(json.dumps({"constants": CONSTANTS, "scenarios": rows, "replays": replays}, indent=1))

@@ -235,8 +235,11 @@ class Coordinator:
         late, together, and must not be cut off by a window that ran out while they were blocked)."""
         if self.changing is None or not self.reporting:
             return
-        alive = self.members - self.dead
-        if alive <= set(self.reporting) or self.clock() - self.first_report > self.quorum_s:
+        if self.clock() - self.first_report > self.quorum_s:
+            return self._conclude()
+        if len(self.reporting) < len(self.members) - len(self.dead):  # O(1): not all yet (the exact test is O(R))
+            return
+        if all(c in self.reporting for c in self.members if c not in self.dead):
             self._conclude()
 
     def _conclude(self) -> None:
@@ -266,7 +269,7 @@ class Coordinator:
     def _answer_for(self, copy: int) -> dict:
         if self.answer is None:
             return {"op": "exit", "reason": "no membership decided"}
-        if self.answer["op"] == "reform" and copy not in self.answer["copies"]:
+        if self.answer["op"] == "reform" and copy not in self.members:  # (a set: O(1) a copy, O(R) a reform)
             return {"op": "exit", "reason": f"copy {copy} is not part of generation {self.answer['gen']}"}
         return self.answer
 
