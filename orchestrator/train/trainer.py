@@ -241,9 +241,10 @@ class Trainer:
         ok = True
         try:
             sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
-        except RuntimeError:  # a copy is gone: drop the groups now, so every peer learns it fast
+        except RuntimeError:  # a copy is gone
             ok = False
-            rep.drop()
+        if not ok:  # drop the groups now, so every peer learns it fast (outside the except: its
+            rep.drop()  # traceback holds the group, whose destructor would then run on this thread)
         answer = rep.commit(step, ok, agg)  # the loss and stop flag cross copies through the leaders
         if answer["op"] == "commit":
             for opt in self.opts:
