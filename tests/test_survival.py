@@ -177,13 +177,14 @@ def test_the_failure_budget_is_a_rate(tmp_path):
 
 HOST_SCALARS = """
 import sys, tempfile
+import torch
 import torch.distributed as dist
 from orchestrator.train import world
 from orchestrator.train.replicas import Replicas
 for backend in sys.argv[1:]:
     dist.init_process_group(backend, init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
     try:
-        got = (world.host_reduce([1.5, 2.0]), world.host_gather([3.0]), Replicas.agree(None, True))
+        got = (world.host_reduce([1.5, 2.0]), world.host_gather([3.0]), Replicas.copy_totals(torch.tensor([1.0, 2.0, 0.0]), False))
         print(backend, "OK", got)
     except RuntimeError as e:
         print(backend, "REFUSED", str(e).splitlines()[0])
@@ -207,5 +208,5 @@ def test_host_scalars_ride_the_side_backend_a_gpu_world_gets():
     r = subprocess.run([sys.executable, "-c", HOST_SCALARS, here, "cuda:gloo"], capture_output=True, text=True,
                        timeout=120)
     lines = r.stdout.splitlines()
-    assert lines[0] == f"{here} OK ([1.5, 2.0], [[3.0]], True)", r.stdout + r.stderr
+    assert lines[0] == f"{here} OK ([1.5, 2.0], [[3.0]], [1.0, 2.0, 0.0, 1.0])", r.stdout + r.stderr
     assert lines[1].startswith("cuda:gloo REFUSED") and "device type cpu" in lines[1], r.stdout + r.stderr

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.train import wire
+from orchestrator.train.world import host_reduce
 
 
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
@@ -99,12 +100,16 @@ class Replicas:
         """End of a step: the copy's (loss, count, stop) summed inside the copy, with whether every
         rank got through the cross-copy collectives; the leader asks to commit (or reports the
         failure) with them, and the answer carries the totals over every copy."""
-        flag = torch.cat([sums.to(torch.float64), torch.tensor([0.0 if ok else 1.0], dtype=torch.float64)])
-        dist.all_reduce(flag)  # this copy's world only
-        failed = flag[3].item() > 0
-        body = {"op": "failed" if failed else "commit", "step": step, "sums": [float(x) for x in flag[:3]]}
+        totals = self.copy_totals(sums, ok)
+        body = {"op": "failed" if totals[3] > 0 else "commit", "step": step, "sums": totals[:3]}
         # The coordinator answers within its commit deadline plus the quorum window; past that it is gone.
         return self.ask(body, timeout_s=4 * self.timeout_s + 60)
+
+    @staticmethod
+    def copy_totals(sums: torch.Tensor, ok: bool) -> list[float]:
+        """(loss, count, stop) summed over this copy's world, and how many of its ranks failed a
+        cross-copy collective: host scalars, on the world's host-side backend (world.host_reduce)."""
+        return host_reduce([float(x) for x in sums] + [0.0 if ok else 1.0])
 
     def finish(self) -> None:
         """The copy is done: say so, so that its connection closing is not read as a loss."""
