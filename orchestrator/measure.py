@@ -24,7 +24,6 @@ names a path there (e.g. conf/hardware/site.yaml, then `hardware=site`).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time

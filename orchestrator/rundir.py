@@ -42,12 +42,19 @@ ENV_JOIN_COPY = "ORCH_JOIN_COPY"  # a warm spare or a returning node joins as th
 ENV_JOIN_NOW = "ORCH_JOIN_NOW"  # "1": join at once instead of at the next generation
 ENV_FAULT_MODE, ENV_FAULT_NODE, ENV_FAULT_STEP = "ORCH_FAULT_MODE", "ORCH_FAULT_NODE", "ORCH_FAULT_STEP"
 ENV_FORK_SERVER = "ORCH_FORK_SERVER"  # "0": one interpreter per rank instead of the fork server
+ENV_FAULT_RANK = "ORCH_FAULT_RANK"  # fault.kind=crash_rank|hang_rank: the global rank it hits
+ENV_JOB = "ORCH_JOB"  # the job's prefix for every key of the (unauthenticated) store
+ENV_CONTROL_KEY_FILE = "ORCH_CONTROL_KEY_FILE"  # the file holding the job's control secret (0600)
+ENV_HOSTS = "ORCH_HOSTS"  # SLURM: the host of each logical node, in the plan's order (placement)
+ENV_PLAN = "ORCH_PLAN"  # external trainers: this attempt's plan.json
 
 # ---- exit statuses (the CLI's, and the ones the runtime and the supervisors agree on) --------
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2  # rejected: the config was refused, nothing launched
 EXIT_STOPPED = 3  # the run saved and stopped on request; it continues from its checkpoint
 EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops and says so
 EXIT_LEFT = 5  # a copy the coordinator dismissed (not part of the next generation)
+EXIT_INCOMPLETE = 6  # every rank ended, with steps missing (a failover path that ended the run early)
+EXIT_NO_PROGRESS = 7  # attempts kept failing at the same step: a requeue would do the same
 EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # Ctrl-C; the output pipe was closed
 
 

@@ -17,13 +17,15 @@ import json
 import os
 from pathlib import Path
 
+from orchestrator import rundir
+
 DENSE = ("pp", "dp", "cp", "tp")  # outermost first; dp: every data-parallel rank
 SPLIT = ("pp", "dpr", "dps", "cp", "tp")  # dp as whole copies (dpr) x the ranks sharding one (dps)
 
 
 def plan() -> dict:
     """This attempt's plan.json, as the launcher wrote it (ORCH_PLAN)."""
-    path = os.environ.get("ORCH_PLAN")
+    path = os.environ.get(rundir.ENV_PLAN)
     if not path:
         raise RuntimeError("ORCH_PLAN is not set: start this program with orchestrate trainer=command "
                            "trainer.command='...' (launcher=local or launcher=slurm).")
@@ -32,11 +34,11 @@ def plan() -> dict:
 
 def run_dir() -> Path:
     """The run directory, the same for every attempt (checkpoints and metrics go here)."""
-    return Path(os.environ.get("ORCH_RUN_DIR") or Path(os.environ["ORCH_PLAN"]).parent)
+    return Path(os.environ.get(rundir.ENV_RUN_DIR) or Path(os.environ[rundir.ENV_PLAN]).parent)
 
 
 def attempt() -> int:
-    return int(os.environ.get("ORCH_ATTEMPT", "0"))
+    return int(os.environ.get(rundir.ENV_ATTEMPT, "0"))
 
 
 def device_mesh(dims: tuple[str, ...] | None = None, expert: bool = False):

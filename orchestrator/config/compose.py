@@ -294,8 +294,6 @@ def typed(cfg: Any) -> Config:
 def check_types(obj: Any, path: str = "") -> list[Problem]:
     """Every field of a Config built in Python has its declared type (OmegaConf checks the
     composed ones); a name of an enum member becomes the member."""
-    import typing
-
     out: list[Problem] = []
     hints = type_hints(type(obj))
     for f in dataclasses.fields(obj):

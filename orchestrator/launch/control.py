@@ -34,6 +34,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.launch.control_server import ControlServer
 from orchestrator.train import wire
 from orchestrator.train.wire import finite
@@ -306,11 +307,11 @@ class JobServices:
         self.reported = 0
         self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
         job = os.environ.get("SLURM_JOB_ID") or secrets.token_hex(4)
-        self.env = {"ORCH_STORE": f"{bind}:{port}", "ORCH_CONTROL": self.server.address(bind),
-                    wire.KEY_ENV: str(key_file), "ORCH_JOB": f"job{job}.{secrets.token_hex(2)}"}
+        self.env = {rundir.ENV_STORE: f"{bind}:{port}", rundir.ENV_CONTROL: self.server.address(bind),
+                    wire.KEY_ENV: str(key_file), rundir.ENV_JOB: f"job{job}.{secrets.token_hex(2)}"}
         from orchestrator.launch.status import write_status
 
-        write_status(self.run_dir, control_address=self.env["ORCH_CONTROL"])  # not a secret: the key is
+        write_status(self.run_dir, control_address=self.env[rundir.ENV_CONTROL])  # not a secret: the key is
 
     def _report(self) -> None:
         """Dropped control messages into the job's log and status.json (when their count changes)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.plan import make_plan
 from orchestrator.plan.allocation import TopologyError, read_topology
 from orchestrator.plan.placement import place
@@ -31,7 +32,7 @@ def for_attempt(spec, plan_dir: Path, nodes: list[str], need: int, say=print) ->
         topo = None
     if topo is None:
         return list(nodes[:need])
-    path = Path(plan_dir) / "plan.json"
+    path = Path(plan_dir) / rundir.PLAN_JSON
     data = json.loads(path.read_text())
     plan = make_plan(data["config"])
     if plan.step is None:  # the job checks its plan elsewhere; placement only needs one to cost

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.launch.control import Decision
 from orchestrator.launch.status import read_metrics
 from orchestrator.plan import events
@@ -83,7 +84,7 @@ class InPlace:
                 self._stop_event(alive, dead, step, why)
                 return Decision(False, reason=why)
             self.attempt += 1
-            plan_dir = self.run_dir / f"attempt{self.attempt}"
+            plan_dir = rundir.attempt_dir(self.run_dir, self.attempt)
             write_plan(plan, plan_dir, figures=False)
             old = self.plan
             self.plan = plan

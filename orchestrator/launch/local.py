@@ -13,20 +13,20 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from orchestrator import rundir
+from orchestrator.rundir import EXIT_LEFT
 from orchestrator.config.schema import FaultKind, FaultMode
 from orchestrator.launch import progress
 from orchestrator.launch.base import Launcher
-from orchestrator.launch.processes import LocalJob, _describe, _die_with_parent, last_error
+from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
 
-EXIT_LEFT = 5  # a copy the coordinator dismissed (orchestrator/train/trainer.py)
 CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
 
@@ -86,7 +86,7 @@ class LocalWorkers(Workers):
                        ORCH_FAULT_STEP=str(self.fault_step))
         self.attempt, self.killed_at, self.policy = attempt, None, policy
         progress.clear(self.run_dir)
-        self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / "plan.json").read_text()), self.spec.failover)
+        self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text()), self.spec.failover)
         self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
         active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
@@ -130,8 +130,8 @@ class LocalWorkers(Workers):
             self.coordinator.expect(copy)  # only copies launched here may join
             for local in range(size):
                 node, _ = slots[k * size + local]
-                self.job.spawn(local, node, {"RANK": local, "WORLD_SIZE": self.job.world, "ORCH_JOIN_COPY": copy,
-                                             "ORCH_JOIN_NOW": "1" if now else "0"}, f"copy{copy}_rank{local}")
+                self.job.spawn(local, node, {"RANK": local, "WORLD_SIZE": self.job.world, rundir.ENV_JOIN_COPY: copy,
+                                             rundir.ENV_JOIN_NOW: "1" if now else "0"}, f"copy{copy}_rank{local}")
                 self.copy_of[len(self.job.procs) - 1] = copy
             made.append(copy)
             if not now:
@@ -228,7 +228,7 @@ class LocalWorkers(Workers):
         from orchestrator.launch.inplace import why_not_in_place
 
         crashed = code > 0
-        error = last_error(self.job.run_dir / "logs", self.job.names[slot]) if crashed else None
+        error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot]) if crashed else None
         if not crashed and node not in self.lost:
             self.lost.append(node)
         self.crash_error = error if crashed else self.crash_error
@@ -264,7 +264,7 @@ class LocalWorkers(Workers):
         detected = self._detected()
         if res.failed_node is not None and not res.signalled and res.code in CRASHES:  # its node stays up
             rank, beat = self._first_crashed()
-            error = last_error(self.job.run_dir / "logs", self.job.names[rank])
+            error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[rank])
             detected = time.time() - beat.time if beat else None  # from its last sign of life
             how = _describe(self.job.procs[rank].poll())
             return Outcome(False, [], f"rank {rank} (node {self.job.node_of(rank)}) {how}: {error}", detected,

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.launch.forkserver import die_with_parent as _die_with_parent
 
 ECHOED = ("step ", "generation ", "resumed from", "copy ", "stopping after")  # whichever rank says them
@@ -77,7 +78,7 @@ class LocalJob:
         self.world = nodes * gpus_per_node
         self.env, self.echo = env or {}, echo
         self.worker = worker or [sys.executable, "-m", "orchestrator.train.worker", str(self.run_dir)]
-        self.forked = worker is None and os.environ.get("ORCH_FORK_SERVER", "1") != "0"
+        self.forked = worker is None and os.environ.get(rundir.ENV_FORK_SERVER, "1") != "0"
         self.server = None
         self.procs: list = []  # subprocess.Popen, or forkserver.ForkedProcess
         self._threads: list[threading.Thread] = []
@@ -89,7 +90,7 @@ class LocalJob:
     def _runtime_modules(self) -> tuple[str, ...]:
         """What the ranks will import: the runtime, and torch's pipelining when the plan has stages."""
         try:
-            pp = json.loads((self.run_dir / "plan.json").read_text())["layout"]["pp"]
+            pp = json.loads((self.run_dir / rundir.PLAN_JSON).read_text())["layout"]["pp"]
         except (OSError, ValueError, KeyError):
             pp = 1
         return ("orchestrator.train.worker",) + (("orchestrator.train.pipeline",) if pp > 1 else ())
@@ -98,7 +99,7 @@ class LocalJob:
         self.port = free_port()
         self.nodes_of: list[int] = []
         self.names: list[str] = []  # each process's log name (logs/NAME.log)
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         for rank in range(self.world):
             self.spawn(rank, rank // self.gpn, {"RANK": rank, "WORLD_SIZE": self.world}, f"rank{rank}")
 
@@ -131,7 +132,7 @@ class LocalJob:
     def _pump(self, slot: int, p: subprocess.Popen, name: str) -> None:
         rank = slot
         prefix = f"[node{self.node_of(slot)} {name}] "
-        with open(self.run_dir / "logs" / f"{name}.log", "a") as log:
+        with open(self.run_dir / rundir.LOGS / f"{name}.log", "a") as log:
             for line in p.stdout:
                 log.write(line)
                 log.flush()

@@ -259,7 +259,7 @@ def follow(run_dir: Path, poll_s: float = 2.0, out=print) -> int:
             time.sleep(poll_s)
     except KeyboardInterrupt:
         job = last_job(run_dir)
-        print(f"\ndetached: the run goes on" + (f" (SLURM job {job['job_id']})" if job else "") +
+        print("\ndetached: the run goes on" + (f" (SLURM job {job['job_id']})" if job else "") +
               f"; follow again with: orchestrate-runs logs -f {run_dir}", file=sys.stderr)
         return 0
 

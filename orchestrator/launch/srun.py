@@ -26,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.launch import sbatch
 from orchestrator.launch.status import read_status, steps_completed, write_status
-from orchestrator.launch.supervisor import EXIT_STOPPED, Outcome, Workers, supervise
+from orchestrator.launch.supervisor import Outcome, Workers, supervise
+from orchestrator.rundir import EXIT_STOPPED
 
 DOWN_STATES = ("down", "not_responding", "fail", "drain", "*")
 
@@ -120,13 +122,13 @@ class SrunWorkers(Workers):
         from orchestrator.launch.hosts import for_attempt
 
         lc, gpn = self.spec.launcher, self.spec.hardware.gpus_per_node
-        need = json.loads((plan_dir / "plan.json").read_text())["nodes"]
+        need = json.loads((plan_dir / rundir.PLAN_JSON).read_text())["nodes"]
         # logical node k -> current[k]: the plan's nodes chosen among the nodes in service (after a
         # failover: the survivors, a spare close to its group) and ordered by the cluster's topology
         alive = [n for n in self.all if n not in self.lost]
         self.current, self.policy = for_attempt(self.spec, plan_dir, alive, need), policy
         self.plan_dir = Path(plan_dir)
-        (plan_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         if policy is not None:
             from orchestrator.launch.control import JobServices
 
@@ -193,7 +195,7 @@ class SrunWorkers(Workers):
         self._close()
         if self.lost:
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
-        error = _crash_error(self.plan_dir / "logs")
+        error = _crash_error(self.plan_dir / rundir.LOGS)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
             return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
                            error=error)

@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import rundir
+from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED
 from orchestrator.plan import events
 from orchestrator.launch.manifest import record_attempt
 from orchestrator.launch.inplace import InPlace, why_not_in_place
@@ -62,28 +64,25 @@ def layout_of(plan, nodes: int) -> dict:
             "microbatches": d.microbatches, "label": d.label()}
 
 
-EXIT_STOPPED = 3  # the run saved and stopped on request; it continues from its checkpoint
-EXIT_INCOMPLETE = 6  # every rank ended, with steps missing (a failover path that ended the run early)
-EXIT_NO_PROGRESS = 7  # attempts kept failing at the same step: a requeue would do the same
 
 
 def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: int = 0) -> int:
     """Run to the end, re-planning on the survivors after every lost node (failover.*).
     `first_attempt` continues the numbering of a run that an earlier job started."""
     run_dir = Path(run_dir)
-    spec, fo = plan.spec, plan.spec.failover
+    spec = plan.spec
     url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
     alive = workers.nodes()  # the plan's nodes first, then any spares
     attempt, failovers = first_attempt, len([e for e in events.read_events(run_dir) if e.get("mode") == "restart"])
     while True:
-        plan_dir = run_dir if attempt == 0 else run_dir / f"attempt{attempt}"
+        plan_dir = rundir.attempt_dir(run_dir, attempt)
         if attempt:
             write_plan(plan, plan_dir, figures=False)
         write_status(run_dir, state="running", attempt=attempt, next_attempt=attempt + 1, layout=plan.layout.label(),
                      nodes=alive, plan_dir=str(plan_dir))
         t_start = time.monotonic()
         policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 and not external(plan) else None
-        workers.start(attempt, plan_dir, alive, {"ORCH_RUN_DIR": str(run_dir), "ORCH_ATTEMPT": str(attempt)}, policy)
+        workers.start(attempt, plan_dir, alive, {rundir.ENV_RUN_DIR: str(run_dir), rundir.ENV_ATTEMPT: str(attempt)}, policy)
         record_attempt(run_dir, attempt, plan_dir, getattr(workers, "current", alive))
         outcome = workers.wait()
         if policy is not None:  # generations decided in place moved the plan on
@@ -185,7 +184,7 @@ def _why_stop(run_dir: Path, plan, failovers: int, done: int, outcome: Outcome) 
 def _missing_steps(run_dir: Path, steps: int, attempt: int) -> str | None:
     """Why a run whose ranks all ended well is not complete (None: every step ran). A runtime
     that keeps no metrics.jsonl (an external trainer) is taken at its word."""
-    if not (Path(run_dir) / "metrics.jsonl").exists():
+    if not (Path(run_dir) / rundir.METRICS_JSONL).exists():
         return None
     done = steps_completed(run_dir, range(attempt + 1))
     if done >= steps:

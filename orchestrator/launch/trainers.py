@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.launch.processes import LocalJob
 import orchestrator.plan.torchtitan as torchtitan
 from orchestrator.plan.trainers import argv as render_argv
@@ -29,7 +30,7 @@ PYTHONS = ("python", "python3")
 
 
 def _plan(plan_dir: Path) -> dict:
-    return json.loads((Path(plan_dir) / "plan.json").read_text())
+    return json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text())
 
 
 def prepare(plan_dir: Path) -> list[str]:
@@ -57,7 +58,7 @@ def program(plan_dir: Path, python: str) -> list[str]:
 def rank_env(plan_dir: Path, position: int, world: int) -> dict:
     """The variables a rank adds to torchrun's (the caller sets LOCAL_*, GROUP_RANK, MASTER_*)."""
     return {"RANK": str(rank_map(_plan(plan_dir))[position]), "WORLD_SIZE": str(world),
-            "ORCH_PLAN": str(Path(plan_dir) / "plan.json")}
+            rundir.ENV_PLAN: str(Path(plan_dir) / rundir.PLAN_JSON)}
 
 
 def resolved(words: list[str]) -> list[str]:
@@ -75,7 +76,7 @@ class TrainerJob(LocalJob):
 
         self.port = free_port()
         self.nodes_of = []
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         for slot in range(self.world):
             env = rank_env(self.run_dir, slot, self.world)
             self.spawn(slot, slot // self.gpn, env, f"rank{env['RANK']}")

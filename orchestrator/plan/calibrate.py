@@ -155,7 +155,7 @@ def row_from_csv(r: dict) -> Row:
         o.append("schedule=dualpipe")
     else:
         v = _vp(r, layers, pp, split)
-        o += ([f"schedule=interleaved_1f1b", f"layout.vp={v}"] if pp > 1 and v > 1 else ["schedule=1f1b"])
+        o += (["schedule=interleaved_1f1b", f"layout.vp={v}"] if pp > 1 and v > 1 else ["schedule=1f1b"])
     mfu, hfu, tf = r["mfu_pct_published"], r["hfu_pct_published"], _float(r["tflops_per_gpu"])
     peak = _float(r["peak_tflops_for_mfu"]) or None
     if r["truth"].startswith("hfu"):
@@ -303,7 +303,6 @@ def _compose(overrides: list[str]):
 def row_spec(row: Row, legacy: bool = False):
     """The typed config of a row (composed once), with the recompute the run needs."""
     from orchestrator.config.schema import Recompute
-    from orchestrator.plan.judge import memory_only
 
     key = (row.name, legacy)
     if key in _SPECS:

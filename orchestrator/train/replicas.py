@@ -28,6 +28,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from orchestrator import rundir
 from orchestrator.train import wire
 from orchestrator.train.world import host_reduce
 
@@ -42,7 +43,7 @@ def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
         try:
             store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=1))
             store.set_timeout(timedelta(seconds=timeout_s))
-            job = os.environ.get("ORCH_JOB")
+            job = os.environ.get(rundir.ENV_JOB)
             return dist.PrefixStore(job, store) if job else store
         except (RuntimeError, dist.DistError):
             if time.monotonic() > deadline:

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from orchestrator import rundir
+from orchestrator.rundir import EXIT_LEFT, EXIT_NO_CHECKPOINT
 from orchestrator.config.compose import typed
 from orchestrator.config.schema import Device, Precision
 from orchestrator.plan import checkpoints as store
@@ -40,8 +42,6 @@ from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
 
 
-EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops and says so
-EXIT_LEFT = 5  # this copy is not part of the next generation (the coordinator said so)
 
 
 IGNORE = -100  # the label of a padding micro-batch's tokens: they add nothing to the loss or the gradient
@@ -62,14 +62,14 @@ def _scalar(x) -> float:
 class Trainer:
     def __init__(self, plan_dir: Path, should_stop=None):
         self.plan_dir = Path(plan_dir)
-        self.plan = json.loads((self.plan_dir / "plan.json").read_text())
+        self.plan = json.loads((self.plan_dir / rundir.PLAN_JSON).read_text())
         self.spec = typed(self.plan["config"])
         self.lay = self.plan["layout"]
-        self.run_dir = Path(os.environ.get("ORCH_RUN_DIR", self.plan_dir))
-        self.attempt = int(os.environ.get("ORCH_ATTEMPT", "0"))
+        self.run_dir = Path(os.environ.get(rundir.ENV_RUN_DIR, self.plan_dir))
+        self.attempt = int(os.environ.get(rundir.ENV_ATTEMPT, "0"))
         self.should_stop = should_stop
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        self.joining = "ORCH_JOIN_COPY" in os.environ  # a warm spare, or a node coming back
+        self.joining = rundir.ENV_JOIN_COPY in os.environ  # a warm spare, or a node coming back
         if self.world != self.plan["world_size"] and not self.joining:
             raise SystemExit(f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan['world_size']} "
                              f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
@@ -88,7 +88,7 @@ class Trainer:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         job_store = world.env_store() if world.copies_of(self.plan) > 1 or self.joining else None
         if self.joining:
-            self.place = world.spare_place(self.plan, int(os.environ["ORCH_JOIN_COPY"]), self.rank)
+            self.place = world.spare_place(self.plan, int(os.environ[rundir.ENV_JOIN_COPY]), self.rank)
         else:
             self.place = world.place_of(self.plan, self.rank)
         self.meshes = world.init(self.plan, hw.backend.value, self.device.type, self.place, job_store)
@@ -96,7 +96,7 @@ class Trainer:
         self.replicas = None
         if job_store is not None:
             first = [self.place.copy] if self.joining else list(range(self.lay["dp_replicate"]))
-            self.replicas = Replicas(job_store, os.environ.get("ORCH_CONTROL"), self.place.copy, self.place.local,
+            self.replicas = Replicas(job_store, os.environ.get(rundir.ENV_CONTROL), self.place.copy, self.place.local,
                                      dist.get_world_size(), self.spec.failover.timeout_s, first)
 
     def build(self) -> None:
@@ -210,7 +210,7 @@ class Trainer:
         inputs = cp_shard(tokens[:, :-1], cp, self.coords["cp"])
         labels = cp_shard(labels, cp, self.coords["cp"])
         if self.records:
-            with open(self.run_dir / "samples" / f"rank{self.rank}.jsonl", "a") as f:
+            with open(self.run_dir / rundir.SAMPLES / f"rank{self.rank}.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
                                     "indices": idx}) + "\n")
         local = None
@@ -264,9 +264,9 @@ class Trainer:
             print(f"copy {self.place.copy} leaves the run: {answer.get('reason', '')}", flush=True)
             raise SystemExit(EXIT_LEFT)
         self.plan_dir = Path(answer["plan_dir"])
-        self.plan = json.loads((self.plan_dir / "plan.json").read_text())
+        self.plan = json.loads((self.plan_dir / rundir.PLAN_JSON).read_text())
         self.lay = self.plan["layout"]
-        self.attempt = int(self.plan_dir.name.removeprefix("attempt")) if self.plan_dir != self.run_dir else 0
+        self.attempt = rundir.attempt_number(self.plan_dir, self.run_dir) or 0
         self.replicas.build(answer["gen"], answer["copies"])
         self._layout_shaped()
         new = answer.get("new", [])
@@ -313,7 +313,7 @@ class Trainer:
         """Train to training.steps (or until should_stop() on any rank: save, return)."""
         self.setup()
         self.build()
-        (self.run_dir / "samples").mkdir(exist_ok=True)
+        (self.run_dir / rundir.SAMPLES).mkdir(exist_ok=True)
         tr = self.spec.training
         if self.joining:  # wait, warm, to be admitted; then take a healthy copy's state
             start = self._join()
@@ -360,7 +360,7 @@ class Trainer:
         return self.history
 
     def _join(self) -> int:
-        answer = self.replicas.ask({"op": "join", "now": os.environ.get("ORCH_JOIN_NOW") == "1"})
+        answer = self.replicas.ask({"op": "join", "now": os.environ.get(rundir.ENV_JOIN_NOW) == "1"})
         self.reform(answer)
         return answer["step"]
 
@@ -393,7 +393,7 @@ class Trainer:
             **moe,
         }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps, enabled=self.leader)
         if self.leader:
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
+            with open(self.run_dir / rundir.METRICS_JSONL, "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
                                     "dp": self.lay["dp"], "time": time.time()}) + "\n")
 
@@ -431,7 +431,7 @@ class Trainer:
 
     def _finish(self, start: int) -> None:
         if self.leader:
-            (self.run_dir / "metrics.json").write_text(json.dumps({
+            (self.run_dir / rundir.METRICS_JSON).write_text(json.dumps({
                 "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
                 **({"ep_bytes_per_rank": self.history["ep_bytes_per_rank"]} if "ep_bytes_per_rank" in self.history
                    else {}),
@@ -471,20 +471,20 @@ class _Fault:
 
 
 def _fault_hook(rank: int, gpus_per_node: int):
-    if os.environ.get("ORCH_FAULT_MODE") != "during_save":
+    if os.environ.get(rundir.ENV_FAULT_MODE) != "during_save":
         return None
-    if rank // gpus_per_node != int(os.environ["ORCH_FAULT_NODE"]):
+    if rank // gpus_per_node != int(os.environ[rundir.ENV_FAULT_NODE]):
         return None
-    return _Fault(int(os.environ["ORCH_FAULT_STEP"]))
+    return _Fault(int(os.environ[rundir.ENV_FAULT_STEP]))
 
 
 def _fault_if_injected(rank: int, step: int, attempt: int) -> None:
     """Fault injection (fault.kind=crash_rank | hang_rank), the first attempt only (what runs
     after the recovery is healthy): this rank fails as a GPU fault would, or stops making
     progress (its peers then block in the step's first collective); its node stays up."""
-    kind = os.environ.get("ORCH_FAULT_MODE")
-    if (kind not in ("crash_rank", "hang_rank") or attempt != 0 or int(os.environ["ORCH_FAULT_RANK"]) != rank
-            or int(os.environ["ORCH_FAULT_STEP"]) != step):
+    kind = os.environ.get(rundir.ENV_FAULT_MODE)
+    if (kind not in ("crash_rank", "hang_rank") or attempt != 0 or int(os.environ[rundir.ENV_FAULT_RANK]) != rank
+            or int(os.environ[rundir.ENV_FAULT_STEP]) != step):
         return
     print(f"fault injection: rank {rank} {'crashes' if kind == 'crash_rank' else 'hangs'} before step {step + 1}",
           flush=True)

@@ -22,7 +22,9 @@ import socket
 import time
 from pathlib import Path
 
-KEY_ENV = "ORCH_CONTROL_KEY_FILE"
+from orchestrator import rundir
+
+KEY_ENV = rundir.ENV_CONTROL_KEY_FILE
 SECRET_NAME = "control.key"
 MAX_LINE = 64 * 1024  # longer lines are refused (and the connection closed)
 

@@ -13,9 +13,10 @@ import signal
 import sys
 from pathlib import Path
 
+from orchestrator import rundir
+from orchestrator.rundir import EXIT_STOPPED
 from orchestrator.train.trainer import Trainer
 
-EXIT_STOPPED = 3  # the same status the supervisor reads (launch/supervisor.py)
 SLURM_ENV = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
              "GROUP_RANK": "SLURM_NODEID"}
 
@@ -29,7 +30,7 @@ def train(plan_dir: Path, should_stop=None) -> dict:
 def rank_from_host() -> None:
     """Under srun: SLURM numbers tasks in its own node order; the launcher's placement
     (ORCH_HOSTS, the host of each logical node) says which logical node this host is."""
-    hosts, me = os.environ.get("ORCH_HOSTS", "").split(","), os.environ.get("SLURMD_NODENAME")
+    hosts, me = os.environ.get(rundir.ENV_HOSTS, "").split(","), os.environ.get("SLURMD_NODENAME")
     if me not in hosts or "SLURM_LOCALID" not in os.environ or "SLURM_NTASKS" not in os.environ:
         return
     k, per = hosts.index(me), int(os.environ["SLURM_NTASKS"]) // len(hosts)

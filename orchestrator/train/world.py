@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from orchestrator import rundir
 from orchestrator.train.mesh import grid_from_json, meshes_from_plan
 
 COPY_DIMS = ("pp", "dps", "cp", "tp")
@@ -94,7 +95,7 @@ def host_gather(values: list[float], group=None) -> list[list[float]]:
 
 def env_store():
     """The job's store, when the launcher runs one (several copies of the state)."""
-    addr = os.environ.get("ORCH_STORE")
+    addr = os.environ.get(rundir.ENV_STORE)
     if not addr:
         return None
     from orchestrator.train.replicas import connect_store
