@@ -1,5 +1,5 @@
 """Commit latency against R copy leaders over real loopback sockets, for the coordinator of this
-tree and for the one on `main` (git show main:orchestrator/launch/control.py, loaded as a
+tree and for the one it replaced (git show eba4b6c:orchestrator/launch/control.py, loaded as a
 temporary module): the before/after table of issue #24.
 
 The coordinator runs in this process (the old one with its thread per connection); the R
@@ -42,8 +42,11 @@ def loopback_hop_s(n: int = 2000) -> float:
     return (time.perf_counter() - t0) / (2 * n)
 
 
+OLD = "eba4b6c"  # the coordinator before it was rewritten (one thread per connection, O(R^2) a step)
+
+
 def old_module():
-    src = subprocess.run(["git", "show", "main:orchestrator/launch/control.py"], cwd=ROOT, capture_output=True,
+    src = subprocess.run(["git", "show", f"{OLD}:orchestrator/launch/control.py"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_control.py"
     path.write_text(src)
@@ -108,7 +111,7 @@ def measure(R: int, steps: int, old: bool) -> dict:
     p.join(60)
     server.close()
     lat = sorted(res["lat"][1:] or res["lat"])  # the first step warms up
-    return {"coordinator": "old (main)" if old else "new", "leaders": R, "steps": steps,
+    return {"coordinator": "old (eba4b6c)" if old else "new", "leaders": R, "steps": steps,
             "connect_s": round(res["connect_s"], 3), "commit_p50_s": lat[len(lat) // 2],
             "commit_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))], "commits_kept": len(getattr(
                 coord, "commits", {})) if old else 0}
@@ -118,9 +121,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--leaders", default="128,512,1024,2048")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--old", action="store_true", help="also measure main's coordinator")
+    ap.add_argument("--old", action="store_true", help="also measure the replaced coordinator (eba4b6c)")
     ap.add_argument("--old-leaders", default="128,512,1024",
-                    help="R for main's coordinator (its listen backlog of 5 makes 2,048 connects take minutes)")
+                    help="R for the replaced coordinator (its listen backlog of 5 makes 2,048 connects take minutes)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows = [{"loopback_hop_s": loopback_hop_s()}]
