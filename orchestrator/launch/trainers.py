@@ -75,7 +75,7 @@ class TrainerJob(LocalJob):
         from orchestrator.launch.processes import free_port
 
         self.port = free_port()
-        self.nodes_of = []
+        self.nodes_of, self.names = [], []  # as LocalJob.start: each process's node and log name
         (self.run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         for slot in range(self.world):
             env = rank_env(self.run_dir, slot, self.world)

@@ -30,7 +30,6 @@ import torch.distributed as dist
 
 from orchestrator import rundir
 from orchestrator.train import wire
-from orchestrator.train.world import host_reduce
 
 
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
@@ -110,7 +109,9 @@ class Replicas:
     def copy_totals(sums: torch.Tensor, ok: bool) -> list[float]:
         """(loss, count, stop) summed over this copy's world, and how many of its ranks failed a
         cross-copy collective: host scalars, on the world's host-side backend (world.host_reduce)."""
-        return host_reduce([float(x) for x in sums] + [0.0 if ok else 1.0])
+        flag = torch.tensor([float(x) for x in sums] + [0.0 if ok else 1.0], dtype=torch.float64)
+        dist.all_reduce(flag)  # on the world's host-side backend (cpu:gloo beside nccl, world.backend_for)
+        return flag.tolist()
 
     def finish(self) -> None:
         """The copy is done: say so, so that its connection closing is not read as a loss."""
