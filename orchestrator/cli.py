@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -31,6 +32,10 @@ CFG = ("job", "hydra", "all")
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Ctrl-C (SIGINT) stops the run and every rank, exit 130, even when this process inherited
+    # SIGINT ignored (a background job of a non-interactive shell, a test runner's worker):
+    # Python keeps an inherited SIG_IGN, and the launcher would then supervise on regardless.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = dispatch(argv)
     except KeyboardInterrupt:

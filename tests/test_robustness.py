@@ -182,13 +182,19 @@ def _ranks_of(launcher: int) -> list[int]:
             (ppid == launcher and pid not in servers and b"orchestrator.train.worker" in cmd)]
 
 
+def _ignore_sigint():
+    """Start the launcher as a background job of a script is started (or a test runner's worker
+    that ignores Ctrl-C): SIGINT inherited ignored. Ctrl-C must still stop it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])
 def test_the_ranks_die_with_the_launcher_whatever_signal_it_gets(tmp_path, sig):
     run = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "orchestrator", *COMMON, "launcher=local", "cluster.nodes=1",
                           "hardware.gpus_per_node=2", "layout.dp=2", "training.steps=1000",
                           f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=_ignore_sigint if sig == signal.SIGINT else None)
     try:
         deadline = time.monotonic() + 120
         ranks = []
