@@ -56,6 +56,35 @@ def alive(pid: int) -> bool:
         return False
 
 
+def local_slurm(env: dict):
+    """A real SLURM cluster on this machine (slurm/local-cluster.sh up with `env`: NODES, GPUS,
+    CPUS, TOPOLOGY) for the duration of a fixture, SLURM_CONF pointing at it; yields the conf path.
+    In CI (CI=true) a cluster that cannot come up is a failure; elsewhere, without root, a skip."""
+    script = ROOT / "slurm" / "local-cluster.sh"
+    ci = os.environ.get("CI") == "true"
+    if os.geteuid() != 0:
+        if ci:
+            pytest.fail("CI must run the SLURM tests, and bringing the local cluster up needs root")
+        pytest.skip("the local SLURM cluster needs root (packages, /etc/hosts, daemons)")
+    full = dict(os.environ, **env)
+    r = subprocess.run([str(script), "up"], env=full, capture_output=True, text=True, timeout=900)
+    if r.returncode:
+        subprocess.run([str(script), "down"], env=full, capture_output=True, timeout=120)
+        msg = f"local SLURM cluster ({env}) did not come up:\n{r.stderr[-3000:]}"
+        pytest.fail(msg) if ci else pytest.skip(msg)
+    conf = subprocess.run([str(script), "conf"], capture_output=True, text=True).stdout.strip()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    try:
+        yield conf
+    finally:
+        subprocess.run([str(script), "down"], env=full, capture_output=True, timeout=120)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+
+
 REFERENCE_STEPS = 60
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, losses_by_step, run_cli, samples_read
+from conftest import ROOT, local_slurm, losses_by_step, run_cli, samples_read
 
 SCRIPT = ROOT / "slurm" / "local-cluster.sh"
 COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "training.global_batch=16"]
@@ -19,26 +19,7 @@ COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", 
 
 @pytest.fixture(scope="module")
 def cluster():
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run the SLURM tests, and bringing the local cluster up needs root")
-        pytest.skip("the local SLURM cluster needs root (packages, /etc/hosts, daemons)")
-    env = dict(os.environ, NODES="2", GPUS="4", CPUS="8")
-    r = subprocess.run([str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode:
-        msg = f"local SLURM cluster did not come up:\n{r.stderr[-3000:]}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    conf = subprocess.run([str(SCRIPT), "conf"], capture_output=True, text=True).stdout.strip()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = conf
-    yield conf
-    subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, timeout=120)
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
+    yield from local_slurm({"NODES": "2", "GPUS": "4", "CPUS": "8"})
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ SLURMD_NODENAME proves the groups landed where `placement` says, the allocation 
 more scattered than the plan assumed, and dry planning from the topology file gives the same
 placement as the job. Without root these tests skip (in CI, CI=true, they fail)."""
 import json
-import os
 import re
 import subprocess
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, local_slurm, run_cli
 from orchestrator.plan.allocation import parse_topology
 
 SCRIPT = ROOT / "slurm" / "local-cluster.sh"
@@ -23,25 +22,9 @@ PLAN = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "t
 
 @pytest.fixture(scope="module")
 def tree_cluster():
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run the SLURM tests, and bringing the local cluster up needs root")
-        pytest.skip("the local SLURM cluster needs root (packages, /etc/hosts, daemons)")
-    env = dict(os.environ, **ENV)
-    r = subprocess.run([str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode:
-        subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, timeout=120)
-        pytest.fail(f"local SLURM cluster with a topology did not come up:\n{r.stderr[-3000:]}")
-    conf = subprocess.run([str(SCRIPT), "conf"], capture_output=True, text=True).stdout.strip()
-    topology = subprocess.run([str(SCRIPT), "topology"], capture_output=True, text=True).stdout.strip()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = conf
-    yield topology
-    subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, timeout=120)
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
+    """The cluster's topology.conf (4 nodes, 2 leaves listed interleaved)."""
+    for _ in local_slurm(ENV):
+        yield subprocess.run([str(SCRIPT), "topology"], capture_output=True, text=True).stdout.strip()
 
 
 def test_ranks_land_where_the_placement_says_on_the_real_topology(tree_cluster, tmp_path):
