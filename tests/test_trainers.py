@@ -67,6 +67,9 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     p = plan_of(*SMALL, "trainer=torchtitan", "layout.zero=1", "layout.tp=2")
     assert [e.key for e in p.errors] == ["layout.zero"]
     assert plan_of(*SMALL, "trainer=torchtitan", "layout.pp=2", "schedule=dualpipev", "layout.tp=2").valid
+    for trainer in ("torchtitan", "megatron"):  # both save to a file system path, not an object store
+        p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=2", "training.checkpoint.dir=s3://bucket/run")
+        assert [e.key for e in p.errors] == ["training.checkpoint.dir"] and "s3://bucket/run" in p.errors[0].message
 
 
 # ---- rendered arguments ------------------------------------------------------------------

@@ -63,10 +63,6 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
     if spec.model.mla.kv_lora_rank:
         out.append(Problem("model.mla", "the rendering has no MLA arguments.", "put them in trainer.args, or use "
                            "trainer=command."))
-    url = spec.training.checkpoint.dir or ""
-    if "://" in url and not url.startswith("file://"):
-        out.append(Problem("training.checkpoint.dir", f"Megatron-LM saves to a path, not {url!r}.",
-                           "use a path on a shared file system."))
     return out
 
 

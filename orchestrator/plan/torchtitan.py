@@ -108,10 +108,6 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
         out.append(Problem("training.recompute_layers", "torchtitan recomputes every block (mode=full) or every "
                            "N-th (selective_ac_option=N), not the first N of each chunk.",
                            "unset training.recompute_layers."))
-    url = spec.training.checkpoint.dir or ""
-    if "://" in url and not url.startswith("file://"):
-        out.append(Problem("training.checkpoint.dir", f"torchtitan saves DCP to a local path, not {url!r}.",
-                           "use a path on a shared file system."))
     return out
 
 

@@ -90,6 +90,10 @@ def trainer_problems(spec: Config, layout: Layout) -> list[Problem]:
                                     f"drop stack= (trainer={name.value} plans on stack={fw.STACKS[0]}), or use "
                                     f"trainer=command for a program of your own."))
         problems += fw.problems(spec, layout)
+        url = spec.training.checkpoint.dir or ""
+        if "://" in url and not url.startswith("file://"):  # both frameworks save to a file system path
+            problems.append(Problem("training.checkpoint.dir", f"trainer={name.value} saves its checkpoints to a "
+                                    f"path, not {url!r}.", "use a path on a shared file system."))
     if spec.trainer.config_file is not None and name != TrainerName.torchtitan:
         problems.append(Problem("trainer.config_file", "is torchtitan's --job.config_file.",
                                 "unset it, or put the file in trainer.args."))
