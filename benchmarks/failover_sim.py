@@ -131,6 +131,7 @@ class Sim:
         self.steps = steps or (20 if scenario == "flap" else 12 if self.R < 5000 else 8)  # failure at step 3
         self.slow: dict[int, float] = {}
         self.last_step = -1
+        self.committed_before = 0
         self.gen_of: dict[int, int] = {}
         self._out: list = []
         self._last: tuple = (None, b"")
@@ -197,6 +198,7 @@ class Sim:
         if broken:
             return self._fail_later(rd, c, gen, step, broken)
         if len(rd["arrived"]) == len(rd["members"]):
+            rd["done"] = True  # the all-reduce finished: a later failure does not touch this step
             for m in rd["members"]:
                 t = self.now + 2e-4 * self.rng.random()  # the copy's own agreement and its leader
                 rd["sent"] = max(rd["sent"], t)
@@ -307,14 +309,14 @@ class Sim:
 
     def fail(self, copies: list[int], kind: str) -> None:
         if self.t_fail is None:
-            self.t_fail = self.now
+            self.t_fail, self.committed_before = self.now, self.last_step + 1
         if kind == "drain":  # planned: the copy is healthy and keeps going until dismissed
             self.drained |= set(copies)
             return self.at(self.now + CONSTANTS["poll_s"], self.sup_lost, copies)
         for c in copies:
             self.broken[c] = (kind, self.now)
         for (gen, step), rd in list(self.rounds.items()):  # survivors already waiting in the all-reduce
-            if set(copies) & rd["members"]:
+            if set(copies) & rd["members"] and not rd.get("done"):
                 for c in list(rd["arrived"]):
                     if c not in self.broken:
                         self._fail_later(rd, c, gen, step, copies)
@@ -348,7 +350,8 @@ class Sim:
                "commit_p50_s": lat[len(lat) // 2], "commit_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
                "detected_s": None if self.detected is None else round(self.detected, 3),
                "recovered": True, "recovery_s": None, "steps_lost": 0, "healthy_evicted": len(evicted),
-               "generations": self.coord.current.gen, "left_waiting": waiting, "steps_done": self.last_step + 1,
+               "generations": self.coord.current.gen, "left_waiting": waiting,
+               "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1,
                "server_cpu_s": round(self.server_busy, 3)}
         if self.scenario == "supervisor":  # the coordinator dies with its node: requeue, restart (modelled)
             every = self.plan.blast_radius["checkpoint_interval_s"] or 0
@@ -356,6 +359,7 @@ class Sim:
                        recovery_s=CONSTANTS["node_down_s"] + CONSTANTS["requeue_s"] + CONSTANTS["restart_load_s"],
                        steps_lost=round(every / 2 / self.step_s, 1))
         elif self.scenario != "straggler":
+            out["steps_lost"] = max(0, self.committed_before - decisions[0]["step"]) if decisions else None
             out["recovered"] = self.first_after is not None and self.last_step + 1 >= self.steps and waiting == 0
             out["recovery_s"] = None if self.first_after is None else round(self.first_after - self.t_fail, 3)
         else:
