@@ -85,6 +85,25 @@ def local_slurm(env: dict):
             os.environ["SLURM_CONF"] = old
 
 
+def sbatch_text(overrides: list[str], folder: Path) -> str:
+    """The batch script submitit would write for these overrides (launcher=slurm), its job folder as JOBS."""
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+    from orchestrator.launch.slurm import make_executor
+
+    ex = make_executor(typed(compose(overrides)), folder)
+    text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit JOBS", "UID")
+    return text.replace(str(folder), "JOBS")
+
+
+def golden(name: str, text: str) -> str:
+    """tests/golden/NAME (rewritten from `text` with UPDATE_GOLDEN=1)."""
+    path = ROOT / "tests" / "golden" / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    return path.read_text()
+
+
 REFERENCE_STEPS = 60
 
 

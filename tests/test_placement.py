@@ -119,24 +119,15 @@ def test_topology_aware_mapping_keeps_pipelines_off_the_oversubscribed_tier():
 def test_sbatch_asks_for_a_compact_allocation_golden(tmp_path):
     """launcher.switches=N@max-wait reaches the batch script as --switches (golden); a value
     that is not N[@max-wait] is rejected naming the key, before anything is written."""
-    import os
+    from conftest import golden, sbatch_text
 
-    from conftest import ROOT
-    from orchestrator import compose
-    from orchestrator.config.compose import typed
-    from orchestrator.launch.slurm import make_executor
-
-    cfg = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=4",
-                         "launcher=slurm", "launcher.partition=gpu", "launcher.switches='2@1-00:30:00'"]))
-    ex = make_executor(cfg, tmp_path / "jobs")
-    text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit JOBS", "UID")
-    text = text.replace(str(tmp_path / "jobs"), "JOBS")
-    golden = ROOT / "tests" / "golden" / "sbatch_switches.txt"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(text)
-    assert "#SBATCH --switches=2@1-00:30:00\n" in text and text == golden.read_text()
-    seg = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=4", "launcher=slurm", "launcher.segment=2"]))
-    assert "#SBATCH --segment=2\n" in make_executor(seg, tmp_path / "seg")._executor._make_submission_file_text("x", "U")
+    text = sbatch_text(["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=4",
+                        "launcher=slurm", "launcher.partition=gpu", "launcher.switches='2@1-00:30:00'"],
+                       tmp_path / "jobs")
+    assert "#SBATCH --switches=2@1-00:30:00\n" in text and text == golden("sbatch_switches.txt", text)
+    seg = sbatch_text(["hardware=cpu", "model=tiny", "cluster.nodes=4", "launcher=slurm", "launcher.segment=2"],
+                      tmp_path / "seg")
+    assert "#SBATCH --segment=2\n" in seg
     r = run_cli(["hardware=cpu", "model=tiny", "launcher=slurm", "launcher.switches=0", "launcher.segment=0"], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "[launcher.switches]" in r.stderr and "[launcher.segment]" in r.stderr

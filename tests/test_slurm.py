@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, local_slurm, losses_by_step, run_cli, samples_read
+from conftest import ROOT, golden, local_slurm, losses_by_step, run_cli, samples_read
 
 SCRIPT = ROOT / "slurm" / "local-cluster.sh"
 COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "training.global_batch=16"]
@@ -109,8 +109,6 @@ def _detached_run_with_a_node_killed(tmp_path, *layout) -> Path:
                                                     len((run / "metrics.jsonl").read_text().splitlines()) >= 9):
             time.sleep(0.3)
         subprocess.run([str(ROOT / "slurm" / "kill-node.sh"), "node2"], check=True, timeout=30)
-        from orchestrator.launch.runs import wait_for
-
         deadline = time.monotonic() + 600
         state = None
         while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
@@ -180,20 +178,13 @@ def test_local_only_settings_are_refused_on_slurm_not_ignored(tmp_path):
 
 
 def test_sbatch_script_matches_the_golden_file(tmp_path):
-    from orchestrator import compose
-    from orchestrator.config.compose import typed
-    from orchestrator.launch.slurm import make_executor
+    from conftest import sbatch_text
 
-    cfg = typed(compose([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=4", "launcher=slurm",
-                         "launcher.partition=gpu", "launcher.account=research", "launcher.qos=high",
-                         "launcher.time_min=90", "launcher.setup=['module load cuda/12.4']", "launcher.exclude=node7"]))
-    ex = make_executor(cfg, tmp_path / "jobs")
-    text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit JOBS", "UID")
-    text = text.replace(str(tmp_path / "jobs"), "JOBS")
-    golden = ROOT / "tests" / "golden" / "sbatch.txt"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(text)
-    assert text == golden.read_text()
+    text = sbatch_text([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=4", "launcher=slurm",
+                        "launcher.partition=gpu", "launcher.account=research", "launcher.qos=high",
+                        "launcher.time_min=90", "launcher.setup=['module load cuda/12.4']", "launcher.exclude=node7"],
+                       tmp_path / "jobs")
+    assert text == golden("sbatch.txt", text)
 
 
 def test_preview_writes_the_exact_batch_script_and_srun_line_in_a_container(tmp_path):
@@ -210,10 +201,7 @@ def test_preview_writes_the_exact_batch_script_and_srun_line_in_a_container(tmp_
     text = ((run / "slurm" / "preview.sbatch").read_text() + "---\n" + (run / "slurm" / "preview.srun").read_text())
     assert text.split("---\n")[1].strip() in r.stdout
     text = text.replace(str(run), "RUN").replace(sys.executable, "PYTHON")
-    golden = ROOT / "tests" / "golden" / "preview_container.txt"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(text)
-    assert text == golden.read_text()
+    assert text == golden("preview_container.txt", text)
 
 
 def test_your_own_program_is_requeued_on_preemption_and_resumes_from_its_checkpoint(cluster, tmp_path):

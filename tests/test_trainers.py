@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, losses_by_step, plan_of
+from conftest import ROOT, golden, losses_by_step, plan_of
 from megatron_ref import grids, rank_groups
 
 
@@ -85,10 +85,7 @@ def _preview(cli, trainer: str) -> str:
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
 def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(cli, trainer):
     line = _preview(cli, trainer)
-    golden = ROOT / "tests" / "golden" / f"trainer_{trainer}.txt"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(line)
-    assert line == golden.read_text()
+    assert line == golden(f"trainer_{trainer}.txt", line)
     f = flags(line.split())
     if trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
         assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "16"
