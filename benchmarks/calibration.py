@@ -4,7 +4,7 @@ Before: the planner's first model (one kernel efficiency per GPU type, this runt
 for every run, Meta's fabric for every non-GPT run). After: stacks, fabrics, the shape-aware
 kernel model (plan/kernels.py) fitted on the `use=fit` rows. Errors are MFU points in this
 planner's convention (6N + causal attention, dense bf16 peak), the truth taken from each
-run's printed throughput (plan/calibrate.py). Per source family: in-sample MAE and
+run's printed throughput (orchestrator/published/calibrate.py). Per source family: in-sample MAE and
 leave-one-source-out MAE (refit without the family, predict it).
 
 Interval coverage (orchestrator/plan/uncertainty.py): per family, how often the run's true MFU
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.plan.calibrate import evaluate, load_runs  # noqa: E402
+from orchestrator.published.calibrate import evaluate, load_runs  # noqa: E402
 from orchestrator.plan.uncertainty import INTERVALS, build_table, coverage  # noqa: E402
 
 

@@ -1,6 +1,7 @@
 """The shape of the code: import cycles, imports against the layers, long files and functions.
 
-Layers run one way: config -> plan -> launch -> train, and the CLI sits on top. Lazy
+Layers run one way: config/rundir -> plan -> report/published -> launch/train, and the CLI
+sits on top. Lazy
 imports inside functions count too (they are how cycles hide).
 
 Run: .venv/bin/python benchmarks/code_shape.py [--root orchestrator]
@@ -12,9 +13,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Lower number = lower layer. `launch` and `train` share a level: launch starts train as
-# a separate program (or inside a SLURM task), train never imports launch.
-LAYER = {"rundir": 0, "config": 0, "plan": 1, "launch": 2, "train": 2, "runtime": 3, "measure": 3, "probe": 3, "cli": 3, "__main__": 3, "__init__": 3}
+# Lower number = lower layer. `rundir` (the run directory's files) and `config` sit under the
+# planner; `report` (plan.md, the figures) and `published` (the published-runs harness) read
+# plans; `launch` and `train` share a level: launch starts train as a separate program (or
+# inside a SLURM task), train never imports launch.
+LAYER = {"rundir": 0, "config": 0, "plan": 1, "report": 2, "published": 2, "launch": 3, "train": 3,
+         "runtime": 4, "measure": 4, "probe": 4, "cli": 4, "__main__": 4, "__init__": 4}
 
 
 def modules(pkg: Path) -> dict[str, Path]:

@@ -249,8 +249,8 @@ def run(overrides: list[str], argv: list[str], config_dir: str | None = None, co
     from orchestrator.launch.base import launcher_for
     from orchestrator.launch.manifest import write_config
     from orchestrator.plan import make_plan
-    from orchestrator.plan.artifacts import write_plan
-    from orchestrator.plan.report import render_table
+    from orchestrator.report.artifacts import write_plan
+    from orchestrator.report.markdown import render_table
 
     cfg, code = compose_or_reject(overrides, config_dir, config_name)
     if cfg is None:

@@ -14,7 +14,7 @@ step times (`metrics.jsonl` / `metrics.json`, written by the runtime, or the Ten
 scalar `time/step_s`); after a failover each attempt is compared with its own plan. The
 measured MFU is the plan's model FLOPs per step over (world x peak x median measured step,
 the first step of each attempt left out as warm-up); the refit kernel efficiency is the
-least-squares scale from the plan's useful fraction to the measured MFU (plan/calibrate.py).
+least-squares scale from the plan's useful fraction to the measured MFU (published/calibrate.py).
 
 It prints the refit value as a one-line override (`hardware.kernel_efficiency=...`) and
 writes a hardware preset with it: by default into the first run directory
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.plan.artifacts import attempt_plan, step_stats
+from orchestrator.report.artifacts import attempt_plan, step_stats
 from orchestrator.rundir import read_steps
-from orchestrator.plan.calibrate import fit_measured
-from orchestrator.plan.metrics import measured_mfu
+from orchestrator.published.calibrate import fit_measured
+from orchestrator.rundir.metrics import measured_mfu
 
 
 @dataclass

@@ -62,7 +62,7 @@ for f in sorted(pathlib.Path('orchestrator').rglob('*.py')):
     if not mod.startswith('orchestrator.train') and mod != 'orchestrator.__main__':
         importlib.import_module(mod)
 from orchestrator import compose, make_plan
-from orchestrator.plan import events
+from orchestrator.rundir import events
 plan = make_plan(compose(['recipe=deepseek_v3', 'layout=auto']))
 assert plan.valid
 events.record(pathlib.Path({str(tmp_path)!r}), {{'mode': 'restart', 'new_layout': {{'dp': 2}}, 'steps_lost': 1}})

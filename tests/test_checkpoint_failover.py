@@ -89,7 +89,7 @@ def test_node_loss_during_a_save_reforms_dp_and_resumes_from_the_previous_checkp
     assert event["mode"] == "restart" and "one copy" in event["why_not_in_place"]
     assert "FAILOVER 1 (restart" in r.stdout
     assert "step_00000002 (step 2" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
-    from orchestrator.plan.checkpoints import list_saves
+    from orchestrator.rundir.checkpoints import list_saves
 
     assert all(ok for _, _, ok in list_saves(str(rd / "checkpoints")))  # the torn save was cleaned up
     losses = losses_by_step(rd)

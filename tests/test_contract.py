@@ -27,7 +27,7 @@ STRICT_CASES = [
 
 @pytest.mark.parametrize("overrides", STRICT_CASES, ids=lambda o: " ".join(o))
 def test_plan_json_is_strict_json(tmp_path, overrides):
-    from orchestrator.plan.artifacts import write_plan
+    from orchestrator.report.artifacts import write_plan
 
     plan = plan_of(*overrides)
     paths = write_plan(plan, tmp_path, figures=False)
@@ -124,7 +124,7 @@ def test_the_measured_step_has_one_rule_everywhere(tmp_path):
     from orchestrator.launch import runs, sweep
     from orchestrator.launch.status import write_status
     from orchestrator.measure import measured_step_time
-    from orchestrator.plan.artifacts import measured_rows, write_plan
+    from orchestrator.report.artifacts import measured_rows, write_plan
 
     run = tmp_path / "run"
     plan = plan_of("hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2")

@@ -5,7 +5,7 @@ import csv
 import pytest
 
 from conftest import ROOT, plan_of
-from orchestrator.plan.calibrate import RUNS_CSV, evaluate, load_runs, predict_one
+from orchestrator.published.calibrate import RUNS_CSV, evaluate, load_runs, predict_one
 
 # Megatron-Core's 16B weak-scaling run (NVIDIA/Megatron-LM README, 2024): TP4 DP48 on 192 H100.
 MCORE_16B = ["hardware=h100_sxm", "model=llama3_8b", "model.layers=32", "model.hidden=6144", "model.ffn_hidden=24576",
@@ -49,7 +49,7 @@ def test_the_stack_sets_gradient_bytes_sharding_and_overlaps():
 def test_fsdp_under_pipelining_is_planned_as_the_runtime_holds_it():
     """torch's pipelining keeps an FSDP stage's weights gathered for the whole step: this
     runtime's ZeRO-3 and torchtitan's hold full weights then (ZeRO-2), Megatron's ZeRO-3 does not."""
-    from orchestrator.plan.report import render_table
+    from orchestrator.report.markdown import render_table
 
     tiny = ["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.dp=4"]
     flat, piped = plan_of(*tiny, "cluster.nodes=1"), plan_of(*tiny, "layout.pp=2")
@@ -219,7 +219,7 @@ def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evalua
 
 
 def test_every_gpu_prediction_carries_an_interval_in_the_report_and_plan_json():
-    from orchestrator.plan.report import render_table
+    from orchestrator.report.markdown import render_table
 
     for recipe in ("llama3_405b", "deepseek_v3", "llama3_405b_long_context"):
         p = plan_of(f"recipe={recipe}")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, plan_of
-from orchestrator.plan.artifacts import read_steps, write_measured, write_plan
-from orchestrator.plan.figures import (Rect, Text, cluster_scene, draw_cluster, draw_step_budget, render_png,
+from orchestrator.report.artifacts import read_steps, write_measured, write_plan
+from orchestrator.report.figures import (Rect, Text, cluster_scene, draw_cluster, draw_step_budget, render_png,
                                        step_budget_scene, write_figures)
 
 DEMO = ["hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=4", "model=tiny", "layout.tp=2", "layout.pp=2",
@@ -121,7 +121,7 @@ def test_scattered_groups_beyond_the_palette_are_not_coloured_ambiguously():
 def test_figures_need_neither_matplotlib_nor_torch(tmp_path):
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "from orchestrator import compose, make_plan\n"
-            "from orchestrator.plan.artifacts import write_plan\n"
+            "from orchestrator.report.artifacts import write_plan\n"
             f"p = write_plan(make_plan(compose({DEMO!r})), __import__('pathlib').Path({str(tmp_path)!r}))\n"
             "assert 'cluster' in p and 'step_budget' in p\n"
             "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]\n"

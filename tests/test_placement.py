@@ -157,7 +157,7 @@ def test_each_attempt_places_the_survivors_again_and_takes_the_spare_under_the_s
     from orchestrator import compose
     from orchestrator.config.compose import typed
     from orchestrator.launch.hosts import for_attempt
-    from orchestrator.plan.artifacts import write_plan
+    from orchestrator.report.artifacts import write_plan
 
     conf = tmp_path / "topology.conf"
     conf.write_text(TWO_LEAVES)

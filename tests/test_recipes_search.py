@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT, plan_of, run_cli
 from orchestrator.config.recipes import recipe_names
-from orchestrator.plan.calibrate import current_params, fit, load_rows, load_runs, predict
+from orchestrator.published.calibrate import current_params, fit, load_rows, load_runs, predict
 
 RECIPES = recipe_names()
 

@@ -112,7 +112,7 @@ def test_tensorboard_events_hold_the_scalars(tmp_path, reference):
 
 def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     from orchestrator import compose, make_plan
-    from orchestrator.plan.artifacts import write_plan
+    from orchestrator.report.artifacts import write_plan
     from orchestrator.launch.processes import LocalJob
 
     run = tmp_path / "run"

@@ -128,7 +128,7 @@ class _Scripted:
 
 def _supervise(tmp_path, outcomes, steps, *overrides):
     from orchestrator.launch.supervisor import supervise
-    from orchestrator.plan.artifacts import write_plan
+    from orchestrator.report.artifacts import write_plan
 
     plan = plan_of("hardware=cpu", "model=tiny", "launcher=local", "cluster.nodes=2", "hardware.gpus_per_node=1",
                    "training.steps=8", *overrides)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import plan_of
-from orchestrator.plan.figures import draw_cluster, draw_step_budget
+from orchestrator.report.figures import draw_cluster, draw_step_budget
 from orchestrator.plan.topology import AXES, RankGrid, parse_order
 
 

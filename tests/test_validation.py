@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, plan_of
 from orchestrator.plan import PlanError, make_plan
-from orchestrator.plan.calibrate import load_rows
+from orchestrator.published.calibrate import load_rows
 
 L405 = ["hardware=h100_sxm", "model=llama3_405b", "training.seq_len=8192", "training.global_batch=2048",
         "schedule=interleaved_1f1b", "layout.vp=7", "layout.zero=2",

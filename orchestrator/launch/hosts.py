@@ -15,7 +15,7 @@ from orchestrator import rundir
 from orchestrator.plan import make_plan
 from orchestrator.plan.allocation import TopologyError, read_topology
 from orchestrator.plan.placement import place
-from orchestrator.plan.report import placement_lines
+from orchestrator.report.markdown import placement_lines
 
 START, END = "<!-- placement: start -->", "<!-- placement: end -->"
 

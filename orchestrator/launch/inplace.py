@@ -27,8 +27,8 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.launch.control import Decision
 from orchestrator.launch.status import read_metrics
-from orchestrator.plan import events
-from orchestrator.plan.artifacts import write_plan
+from orchestrator.rundir import events
+from orchestrator.report.artifacts import write_plan
 
 
 def copy_size(plan) -> int:

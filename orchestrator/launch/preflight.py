@@ -9,7 +9,7 @@ from pathlib import Path
 from orchestrator.config.compose import to_dict
 from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config, FaultKind, FaultMode
-from orchestrator.plan import checkpoints as ckpt
+from orchestrator.rundir import checkpoints as ckpt
 
 # Local places no run may write into (a typo away from damage).
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/sbin", "/sys", "/usr", "/var/lib")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.launch.status import read_status, write_status
-from orchestrator.plan import checkpoints as ckpt
+from orchestrator.rundir import checkpoints as ckpt
 
 
 def plan_json(run_dir: Path, latest: bool = True) -> dict:
@@ -99,7 +99,7 @@ def code_drift(run_dir: Path) -> list[str]:
 
 
 def show_status(run_dir: Path) -> int:
-    from orchestrator.plan.events import read_events
+    from orchestrator.rundir.events import read_events
 
     row = summary(run_dir)
     status = read_status(run_dir)

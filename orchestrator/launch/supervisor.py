@@ -16,12 +16,12 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED
-from orchestrator.plan import events
+from orchestrator.rundir import events
 from orchestrator.launch.manifest import record_attempt
 from orchestrator.launch.inplace import InPlace, why_not_in_place
 from orchestrator.launch.status import steps_completed, write_status
-from orchestrator.plan import checkpoints as ckpt
-from orchestrator.plan.artifacts import write_plan
+from orchestrator.rundir import checkpoints as ckpt
+from orchestrator.report.artifacts import write_plan
 from orchestrator.plan.replan import replan_on_survivors
 from orchestrator.plan.trainers import external  # other trainers restart (inplace.why_not_in_place)
 
@@ -199,7 +199,7 @@ def _in_place_count(run_dir: Path) -> int:
 
 def _measured(run_dir: Path, say) -> None:
     """plan.md and step_budget.png gain the measured step beside the predicted one."""
-    from orchestrator.plan.artifacts import write_measured
+    from orchestrator.report.artifacts import write_measured
 
     try:
         m = write_measured(run_dir)

@@ -56,7 +56,7 @@ def plan_points(points: list[list[str]], sweep_dir: Path, config_dir: str | None
     from orchestrator.config.errors import ConfigError
     from orchestrator.config.points import Points
     from orchestrator.plan import make_plan
-    from orchestrator.plan.artifacts import write_plan
+    from orchestrator.report.artifacts import write_plan
 
     configs = Points(config_dir, config_name)
     rows, valid = [], []
@@ -139,7 +139,7 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
 
 def measure(row: dict) -> None:
     """A finished point's measured step time and MFU, next to its prediction."""
-    from orchestrator.plan.metrics import measured_mfu
+    from orchestrator.rundir.metrics import measured_mfu
 
     times = rundir.last_attempt_times(Path(row["dir"]))
     if not times:

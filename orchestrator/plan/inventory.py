@@ -28,6 +28,15 @@ from orchestrator.plan.stages import Stage
 from orchestrator.plan.layout import Layout
 
 GiB = 1024**3
+
+
+def fmt_bytes(b: float) -> str:
+    for unit, k in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= k:
+            return f"{b / k:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
 # FP8 training caches the inputs of linear layers in one byte instead of two; they are
 # most of a layer's activations, so the whole is taken as 0.6 of the bf16 figure.
 FP8_ACT = 0.6

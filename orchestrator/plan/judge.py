@@ -11,7 +11,7 @@ from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config
 from orchestrator.plan.inventory import GiB, Memory, inventory
 from orchestrator.plan.model import ModelMath
-from orchestrator.plan.report import fmt_bytes
+from orchestrator.plan.inventory import fmt_bytes
 from orchestrator.plan.stages import build_stages
 from orchestrator.plan.topology import Tier
 from orchestrator.plan.validate import validate

@@ -31,7 +31,7 @@ reach less of the peak. Without flash attention (2021-22 Megatron) the attention
 two batched GEMMs per head over the full (not causal) score matrix plus its softmax and
 dropout traffic through HBM.
 
-Seven numbers are fitted on published runs (orchestrator/plan/calibrate.py): the GEMM
+Seven numbers are fitted on published runs (orchestrator/published/calibrate.py): the GEMM
 ceiling of each GPU generation (`hardware.gemm_efficiency`: Ampere, Hopper, Blackwell) and,
 shared by every GPU, `cost.elementwise`, `cost.attention_efficiency`,
 `cost.fp8_gemm_efficiency` and `cost.launch_overhead_us`. Recomputation adds the forward

@@ -1,13 +1,13 @@
 """Distributed checkpoints (DCP) on any fsspec URL, resharded on load: the torch side.
 
 Where saves live, which one is the latest and what a resume may change is the
-torch-free half in plan/checkpoints.py.
+torch-free half in rundir/checkpoints.py.
 """
 from __future__ import annotations
 
 import json
 
-from orchestrator.plan import checkpoints as store
+from orchestrator.rundir import checkpoints as store
 
 
 def _options():

@@ -28,9 +28,9 @@ from orchestrator import rundir
 from orchestrator.rundir import EXIT_LEFT, EXIT_NO_CHECKPOINT
 from orchestrator.config.compose import typed
 from orchestrator.config.schema import Device, Precision
-from orchestrator.plan import checkpoints as store
-from orchestrator.plan import events
-from orchestrator.plan.metrics import measured_mfu
+from orchestrator.rundir import checkpoints as store
+from orchestrator.rundir import events
+from orchestrator.rundir.metrics import measured_mfu
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train.data import TokenSource, share
 from orchestrator.train.logger import Logger

@@ -1,19 +1,12 @@
 """The plan as a readable table (stdout) and as Markdown (plan.md)."""
 from __future__ import annotations
 
-from orchestrator.plan.inventory import GiB
+from orchestrator.plan.inventory import GiB, fmt_bytes
 from orchestrator.plan.validate import configured_zero
 
 STEP_PARTS = (("compute", "arithmetic"), ("tp", "TP collectives"), ("cp", "CP collectives"),
               ("ep", "EP all-to-all"), ("pp_bubble", "pipeline bubble"), ("p2p", "P2P sends"),
               ("dp_exposed", "exposed DP"))
-
-
-def fmt_bytes(b: float) -> str:
-    for unit, k in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if b >= k:
-            return f"{b / k:.1f} {unit}"
-    return f"{b:.0f} B"
 
 
 def _fmt_s(s: float) -> str:

@@ -16,7 +16,7 @@ def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | N
     `command` is the argv to record in plan.md (`orchestrate` is put in front when it is
     missing); `overrides` the key=value list it amounts to (default: the key=value words of
     `command`; give them when the command does not spell them, as `orchestrate-runs resume`)."""
-    from orchestrator.plan.report import render_markdown
+    from orchestrator.report.markdown import render_markdown
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -25,7 +25,7 @@ def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | N
     paths["json"].write_text(rundir.dumps(plan.to_json(), indent=2) + "\n")  # strict: a non-finite figure is null
     paths["md"].write_text(render_markdown(plan, command, overrides, figures=drawn))
     if drawn:
-        from orchestrator.plan.figures import write_figures
+        from orchestrator.report.figures import write_figures
 
         paths.update(write_figures(plan, out_dir))
     return paths
@@ -56,7 +56,7 @@ def attempt_plan(run_dir: Path, attempt: int) -> dict:
 
 def measured_rows(run_dir: Path) -> list[dict]:
     """One row per attempt: the steps it ran (counted or later redone) against the plan it ran."""
-    from orchestrator.plan.metrics import measured_mfu
+    from orchestrator.rundir.metrics import measured_mfu
 
     run_dir = Path(run_dir)
     steps = read_steps(run_dir, latest=False)
@@ -90,7 +90,7 @@ def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
     redraws it when write_plan drew one (figures=false runs stay without pictures). Returns
     the last attempt's row and a one-line summary (`line`) for the console, or None when the
     run measured no step."""
-    from orchestrator.plan.report import MEASURED_END, MEASURED_START, render_measured
+    from orchestrator.report.markdown import MEASURED_END, MEASURED_START, render_measured
 
     run_dir = Path(run_dir)
     if not (run_dir / rundir.PLAN_JSON).exists():
@@ -110,11 +110,11 @@ def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
         figures = (run_dir / rundir.STEP_BUDGET_PNG).exists()
     out = dict(last, plan_md=md)
     if figures and plan.get("valid"):
-        from orchestrator.plan.figures import write_step_budget
+        from orchestrator.report.figures import write_step_budget
 
         label = "measured" + (f" (attempt {last['attempt']})" if last["attempt"] else "")
         out["step_budget"] = write_step_budget(plan, run_dir / rundir.STEP_BUDGET_PNG, measured=dict(last, label=label))
-    from orchestrator.plan.figures import fmt_time
+    from orchestrator.report.figures import fmt_time
 
     out["line"] = (f"measured {fmt_time(last['median_s'])} per step (median of {last['steps']}) vs predicted "
                    f"{fmt_time(last['predicted_s'])} on hardware={last['hardware']}: {last['ratio']:.2f}x "

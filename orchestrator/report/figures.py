@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import rundir
-from orchestrator.plan.report import STEP_PARTS
+from orchestrator.report.markdown import STEP_PARTS
 
 # ----------------------------------------------------------------------------- scene
 
