@@ -38,7 +38,8 @@ def main() -> None:
     from orchestrator import compose, make_plan
     from orchestrator.config.compose import to_dict
     from orchestrator.measure import probe_overrides, run_probe
-    from orchestrator.report.artifacts import read_steps, step_stats
+    from orchestrator.rundir import read_steps
+    from orchestrator.rundir.metrics import step_stats
 
     tmp = Path(tempfile.mkdtemp(prefix="probe_fit_"))
     assert run_probe(args.ranks, tmp / "hardware-site.yaml") == 0

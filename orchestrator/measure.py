@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.report.artifacts import attempt_plan, step_stats
-from orchestrator.rundir import read_steps
 from orchestrator.published.calibrate import fit_measured
-from orchestrator.rundir.metrics import measured_mfu
+from orchestrator.rundir import read_steps
+from orchestrator.rundir.metrics import attempt_plan, measured_mfu, step_stats
 
 
 @dataclass

@@ -124,7 +124,8 @@ def test_the_measured_step_has_one_rule_everywhere(tmp_path):
     from orchestrator.launch import runs, sweep
     from orchestrator.launch.status import write_status
     from orchestrator.measure import measured_step_time
-    from orchestrator.report.artifacts import measured_rows, write_plan
+    from orchestrator.report.artifacts import write_plan
+    from orchestrator.rundir.metrics import measured_rows
 
     run = tmp_path / "run"
     plan = plan_of("hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2")
@@ -160,3 +161,29 @@ def test_compose_leaves_hydra_to_its_caller():
         assert hydra.compose(config_name="config", overrides=["model=tiny_moe"]).model.name == "tiny_moe"
         assert compose(["model=llama3_8b"]).model.name == "llama3_8b"
         assert GlobalHydra.instance().is_initialized()  # the caller's, untouched
+
+
+def test_a_saves_file_list_is_files_json_and_older_saves_with_manifest_json_still_verify(tmp_path):
+    """A save's file list (size and SHA-256 per file) is files.json, so manifest.json names only
+    the run's manifest; a save written before the rename (its list in manifest.json) still
+    verifies, and a changed file is still caught in it."""
+    from orchestrator import rundir
+    from orchestrator.rundir import checkpoints as ckpt
+
+    url = str(tmp_path / "ck")
+    d = tmp_path / "ck" / "step_00000003"
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"weights" * 100)
+    (d / "meta.json").write_text(json.dumps({"step": 3}))
+    files = ckpt.digest_own_files(url, 3, rank=0)
+    ckpt.write_file_list(url, 3, files)
+    assert sorted(p.name for p in d.iterdir()) == ["__0_0.distcp", ckpt.FILES_JSON, "meta.json"]
+    assert ckpt.FILES_JSON != rundir.RUN_MANIFEST
+    assert ckpt.verify(url, 3) == []
+    (d / ckpt.FILES_JSON).rename(d / "manifest.json")  # how an older save holds the same list
+    assert ckpt.verify(url, 3) == []
+    (d / "__0_0.distcp").write_bytes(b"Weights" * 100)
+    assert ckpt.verify(url, 3) == ["__0_0.distcp: its contents changed (SHA-256 differs from files.json)"]
+    (d / "manifest.json").unlink()
+    (problem,) = ckpt.verify(url, 3)
+    assert "files.json or meta.json" in problem

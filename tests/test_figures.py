@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, plan_of
-from orchestrator.report.artifacts import read_steps, write_measured, write_plan
+from orchestrator.report.artifacts import write_measured, write_plan
 from orchestrator.report.figures import (Rect, Text, cluster_scene, draw_cluster, draw_step_budget, render_png,
                                        step_budget_scene, write_figures)
+from orchestrator.rundir import read_steps
 
 DEMO = ["hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=4", "model=tiny", "layout.tp=2", "layout.pp=2",
         "layout.dp=2", "schedule=1f1b"]

@@ -1,12 +1,12 @@
 """What a plan leaves in its run directory (plan.json, plan.md, the pictures) and, after a
-run, what is measured against it (`write_measured`). Torch-free: the launcher calls both."""
+run, what is measured against it (`write_measured`: plan.md's measured section and the
+measured bar; the rows come from rundir.metrics). Torch-free: the launcher calls both."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import read_steps  # noqa: F401 (the run's steps, read where the run dir is owned)
+from orchestrator.rundir.metrics import attempt_plan, measured_rows
 
 
 def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | None = None,
@@ -29,59 +29,6 @@ def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | N
 
         paths.update(write_figures(plan, out_dir))
     return paths
-
-
-# ----------------------------------------------------------------------------- measured
-
-def step_stats(times: list[float], warmup: int = rundir.WARMUP_STEPS) -> dict:
-    """Median and p10/p90 of one attempt's step times after the warm-up (rundir.measured)."""
-    if not times:
-        raise ValueError("no measured step times")
-    kept = rundir.measured(times, warmup)
-    q = sorted(kept)
-
-    def pct(p: float) -> float:
-        i = p * (len(q) - 1)
-        lo = int(i)
-        return q[lo] + (q[min(lo + 1, len(q) - 1)] - q[lo]) * (i - lo)
-
-    return {"median_s": rundir.measured_step_s(times, warmup), "p10_s": pct(0.1), "p90_s": pct(0.9), "mean_s": sum(kept) / len(kept),
-            "steps": len(kept), "warmup_steps": len(times) - len(kept)}
-
-
-def attempt_plan(run_dir: Path, attempt: int) -> dict:
-    """The plan an attempt ran: attemptN/plan.json after a failover re-plan, else plan.json."""
-    return json.loads(rundir.attempt_plan_path(run_dir, attempt).read_text())
-
-
-def measured_rows(run_dir: Path) -> list[dict]:
-    """One row per attempt: the steps it ran (counted or later redone) against the plan it ran."""
-    from orchestrator.rundir.metrics import measured_mfu
-
-    run_dir = Path(run_dir)
-    steps = read_steps(run_dir, latest=False)
-    attempts: dict[int, list[dict]] = {}
-    for rec in steps:
-        attempts.setdefault(int(rec.get("attempt", 0)), []).append(rec)
-    rows = []
-    for attempt, recs in sorted(attempts.items()):
-        plan = attempt_plan(run_dir, attempt)
-        if not plan.get("step"):
-            continue
-        stats = step_stats([float(r["step_time_s"]) for r in recs])
-        hw = plan["config"]["hardware"]
-        tr = plan["config"]["training"]
-        losses = [r.get("loss") for r in recs if r.get("loss") is not None]
-        predicted = plan["step"]["wall_s"]
-        rows.append({
-            "attempt": attempt, "layout": plan["layout"]["label"], **stats,
-            "first_step": recs[0].get("step"), "predicted_s": predicted, "ratio": stats["median_s"] / predicted,
-            "measured_mfu": measured_mfu(plan, stats["median_s"]), "predicted_mfu": plan["mfu"],
-            "tokens_per_s": tr["global_batch"] * tr["seq_len"] / stats["median_s"],
-            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-            "hardware": hw["name"], "kernel_efficiency": hw["kernel_efficiency"], "device": hw.get("device", "cuda"),
-        })
-    return rows
 
 
 def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:

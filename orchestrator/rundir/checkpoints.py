@@ -3,13 +3,14 @@
 Layout of a checkpoint directory (`training.checkpoint.dir`, default RUN_DIR/checkpoints):
 
     step_00000004/               one save: DCP shards + .metadata, then
-    step_00000004/manifest.json  every file's size and SHA-256 (each rank hashes what it wrote),
+    step_00000004/files.json     every file's size and SHA-256 (each rank hashes what it wrote),
     step_00000004/meta.json      the data position, RNG state, model, batch and plan, and
     step_00000004/COMPLETE       written last, by rank 0, after every rank finished writing
     step_00000004/DAMAGED        (only if a load found a file missing or altered: why)
 
 Only a save with COMPLETE and without DAMAGED is ever loaded ("latest" = the highest
-complete step), and only after its files match the manifest; a damaged one is marked,
+complete step), and only after its files match files.json (saves written before it was named
+so hold the same list as manifest.json, read alike); a damaged one is marked,
 kept for inspection and skipped. A directory without COMPLETE is an interrupted save and
 is deleted at the next save or load. Model and optimizer state are logical tensors keyed by the model's own
 parameter names (`torch.distributed.checkpoint.state_dict` helpers, optimizer
@@ -29,7 +30,8 @@ import re
 STEP_DIR = re.compile(r"step_(\d{8})$")
 MARKER = "COMPLETE"
 DAMAGED = "DAMAGED"
-MANIFEST = "manifest.json"
+FILES_JSON = "files.json"  # the save's file list (the run's manifest.json is rundir.RUN_MANIFEST)
+OLD_FILES_JSON = "manifest.json"  # the same list in saves written before it was renamed
 SHARD = re.compile(r"__(\d+)_\d+\.distcp$")  # DCP's data files: __<writing rank>_<n>.distcp
 
 
@@ -110,23 +112,26 @@ def digest_own_files(url: str, step: int, rank: int | None) -> dict:
     return out
 
 
-def write_manifest(url: str, step: int, files: dict) -> None:
+def write_file_list(url: str, step: int, files: dict) -> None:
     fs, path = fs_of(step_dir(url, step))
-    with fs.open(f"{path}/{MANIFEST}", "w") as f:
+    with fs.open(f"{path}/{FILES_JSON}", "w") as f:
         json.dump({"step": step, "files": files}, f, indent=1, sort_keys=True)
 
 
 def verify(url: str, step: int, part: int = 0, parts: int = 1) -> list[str]:
-    """What is wrong with a save: its meta.json, its manifest, and every part-th file of the
-    manifest (size and SHA-256), so `parts` ranks can share the reading. [] = intact."""
+    """What is wrong with a save: its meta.json, its file list, and every part-th file of the
+    list (size and SHA-256), so `parts` ranks can share the reading. [] = intact."""
     fs, path = fs_of(step_dir(url, step))
     try:
-        with fs.open(f"{path}/{MANIFEST}", "r") as f:
+        listed = f"{path}/{FILES_JSON}"
+        if not fs.exists(listed) and fs.exists(f"{path}/{OLD_FILES_JSON}"):
+            listed = f"{path}/{OLD_FILES_JSON}"
+        with fs.open(listed, "r") as f:
             files = json.load(f)["files"]
         if part == 0:
             read_meta(url, step)
-    except Exception as e:  # a missing or unreadable manifest or meta.json
-        return [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (manifest.json or meta.json)"]
+    except Exception as e:  # a missing or unreadable file list or meta.json
+        return [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} ({FILES_JSON} or meta.json)"]
     out = []
     for i, (name, want) in enumerate(sorted(files.items())):
         if i % parts != part:
@@ -137,9 +142,9 @@ def verify(url: str, step: int, part: int = 0, parts: int = 1) -> list[str]:
             out.append(f"{name}: missing ({type(e).__name__})")
             continue
         if got["bytes"] != want["bytes"]:
-            out.append(f"{name}: {got['bytes']} bytes, the manifest says {want['bytes']}")
+            out.append(f"{name}: {got['bytes']} bytes, {FILES_JSON} says {want['bytes']}")
         elif got["sha256"] != want["sha256"]:
-            out.append(f"{name}: its contents changed (SHA-256 differs from the manifest)")
+            out.append(f"{name}: its contents changed (SHA-256 differs from {FILES_JSON})")
     return out
 
 

@@ -28,7 +28,7 @@ def state_dicts(parts, optimizers) -> tuple[dict, dict]:
 
 class PendingSave:
     """A save in flight: `finish()` waits for every rank, has each hash the files it wrote,
-    and then (rank 0) writes the manifest, meta.json and COMPLETE, in that order."""
+    and then (rank 0) writes files.json, meta.json and COMPLETE, in that order."""
 
     def __init__(self, future, url: str, step: int, meta: dict, rank: int, keep: int, group=None):
         self.future, self.url, self.step, self.meta, self.rank, self.keep = future, url, step, meta, rank, keep
@@ -46,7 +46,7 @@ class PendingSave:
         if self.rank == 0:
             files = {k: v for part in everyone for k, v in part.items()}
             files.update(store.digest_own_files(self.url, self.step, None))
-            store.write_manifest(self.url, self.step, files)
+            store.write_file_list(self.url, self.step, files)
             _mark_complete(self.url, self.step, self.meta, self.keep)
         dist.barrier(group=self.group)
 
@@ -89,7 +89,7 @@ def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: in
 
 
 def load_intact(url: str, parts, optimizers, on_damaged=None) -> int | None:
-    """Load the newest complete save whose files match its manifest (every rank checks a share
+    """Load the newest complete save whose files match its files.json (every rank checks a share
     of them); a damaged one is marked, reported through `on_damaged(step, problems)` and
     skipped. Returns the step loaded, or None when there is no intact save."""
     import torch.distributed as dist

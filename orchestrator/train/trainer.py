@@ -138,7 +138,7 @@ class Trainer:
 
     def resume(self) -> int:
         """Load the newest intact checkpoint (resharded into this layout); the step to start at.
-        A damaged one (a file missing or altered, by its manifest) is reported and skipped."""
+        A damaged one (a file missing or altered, by its files.json) is reported and skipped."""
         if store.latest_complete(self.url) is None:
             torch.manual_seed(self.spec.training.seed)
             return 0
