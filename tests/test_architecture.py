@@ -87,7 +87,8 @@ def test_the_runtime_refuses_before_launch_what_it_cannot_train(cli):
 
 
 def test_a_built_wheel_composes_and_plans_from_another_directory(tmp_path):
-    """conf/ and recipes/ ship inside the package: an installed orchestrator needs no checkout."""
+    """conf/, recipes/ and published/ ship inside the package: an installed orchestrator needs no
+    checkout."""
     dist = tmp_path / "dist"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist),
                         str(ROOT)], capture_output=True, text=True, timeout=300)
@@ -95,6 +96,7 @@ def test_a_built_wheel_composes_and_plans_from_another_directory(tmp_path):
     (wheel,) = dist.glob("orchestrator-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "orchestrator/conf/config.yaml" in names and "orchestrator/recipes/llama3_405b.yaml" in names
+    assert {"orchestrator/published/runs.csv", "orchestrator/published/calibration.csv"} <= set(names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
@@ -117,6 +119,20 @@ def test_a_built_wheel_composes_and_plans_from_another_directory(tmp_path):
     r = subprocess.run([str(py), "-c", "import orchestrator; print(orchestrator.__file__)"], cwd=elsewhere,
                        capture_output=True, text=True, env=env)
     assert str(site) in r.stdout, r.stdout
+    # the published-runs harness finds its CSVs inside the installed package and plans a row as
+    # the checkout does
+    from orchestrator.published.calibrate import load_runs, predict_one
+
+    here = load_runs()
+    first = predict_one(here[0])
+    code = ("from orchestrator.published.calibrate import RUNS_CSV, load_runs, predict_one\n"
+            "rows = load_runs(); p = predict_one(rows[0])\n"
+            "print(RUNS_CSV); print(len(rows), rows[0].name, repr(p.predicted), repr(p.truth))")
+    r = subprocess.run([str(py), "-c", code], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    where, got = r.stdout.splitlines()[-2:]
+    assert Path(where) == site / "orchestrator" / "published" / "runs.csv"
+    assert got == f"{len(here)} {here[0].name} {first.predicted!r} {first.truth!r}"
 
 
 @pytest.mark.parametrize("launcher", ["dry", "local", "slurm"])

@@ -20,8 +20,8 @@ re-planning the rows (the step's overlaps depend on the compute time, so the fit
 through the planner, not around it). `loso` refits without one source family and predicts
 it: the error that says how the planner does on runs nobody fitted on.
 
-The planner's first model (one `hardware.kernel_efficiency` per GPU, this runtime's stack
-for every run, calibration.csv's old mapping) is kept as `legacy` for the before/after table.
+The CSVs are found where `config.paths.PUBLISHED_DIR` says: `published/` at the top of a
+checkout, inside the package (`orchestrator/published/`) in an installed wheel.
 """
 from __future__ import annotations
 
@@ -32,16 +32,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.config.paths import PUBLISHED_DIR
 from orchestrator.plan.validate import uneven_split
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNS_CSV = ROOT / "published" / "runs.csv"
-CALIBRATION_CSV = ROOT / "published" / "calibration.csv"
+RUNS_CSV = PUBLISHED_DIR / "runs.csv"
+CALIBRATION_CSV = PUBLISHED_DIR / "calibration.csv"
 GENERATION = {"a100_80gb": "ampere", "h100_sxm": "hopper", "h800": "hopper", "h200": "hopper",
               "b200": "blackwell", "gb200": "blackwell", "gb300": "blackwell"}
 SHARED = ("elementwise", "attention_efficiency", "fp8_gemm_efficiency", "launch_overhead_us")
 PARAMS = tuple(f"gemm_efficiency:{g}" for g in ("ampere", "hopper", "blackwell")) + SHARED
-LEGACY_HW = {"A100": "a100_80gb", "H100": "h100_sxm", "H800": "h800"}
 
 
 @dataclass
@@ -59,7 +58,6 @@ class Row:
     gpus: int
     tokens: int  # per step
     recompute: str  # none | selective | full | least (not stated: the least that fits)
-    legacy: list[str] | None  # the planner's first mapping; None where it could not plan the row
     raw: dict = field(repr=False, default_factory=dict)
     note: str = ""
 
@@ -169,58 +167,7 @@ def row_from_csv(r: dict) -> Row:
     else:
         published, metric = None, "mfu"
     return Row(r["name"], r["source"], r["family"], r["use"], hw, o, published, metric, tf, r["truth"], gpus,
-               gbs * seq, r["recompute"], _legacy(r), raw=r, note=r["planner_notes"])
-
-
-def _legacy(r: dict) -> list[str] | None:
-    """The planner's first mapping of a row (calibration.csv's rules before stacks and fabrics):
-    None where it could not plan it (no preset for the GPU; mixtures of experts other than
-    DeepSeek-V3 were planned as DeepSeek-V3)."""
-    hw = next((v for k, v in LEGACY_HW.items() if k in r["gpu_type"]), None)
-    if hw is None or (r["moe"] and r["family"] != "deepseek_v3"):
-        return None
-    gpt = "GPT" in r["model_family"]
-    moe = "MoE" in r["model_family"]
-    if moe and r["model_preset"] != "deepseek_v3":
-        return None
-    layers, pp = _int(r["layers"]), _int(r["PP"], 1)
-    # The first model as it shipped: ZeRO-3 costed as such under pipelining too.
-    o = [f"hardware={hw}", "stack=orchestrator", "stack.pp_keeps_weights_gathered=false", "fabric=fat_tree",
-         "cost.kernel_model=constant",
-         f"cluster.nodes={_int(r['gpu_count']) // 8}", f"training.seq_len={_int(r['seq_len'])}",
-         f"training.global_batch={_int(r['global_batch_seqs'])}", f"training.micro_batch={_int(r['micro_batch'], 1)}",
-         f"layout.tp={_int(r['TP'], 1)}", f"layout.cp={_int(r['CP'], 1)}", f"layout.pp={pp}",
-         f"layout.dp={_int(r['DP'], 1)}", f"layout.ep={_int(r['EP'], 1)}"]
-    if moe:
-        o.append("model=deepseek_v3")
-    else:
-        o += ["model=llama3_405b" if not gpt else "model=gpt_1t",
-              f"model.name={re.sub(r'[^A-Za-z0-9_.]+', '_', r['name'])[:60]}", f"model.layers={layers}",
-              f"model.hidden={_int(r['hidden'])}", f"model.ffn_hidden={_int(r['ffn_hidden'])}",
-              f"model.heads={_int(r['attn_heads'])}", f"model.kv_heads={_int(r['kv_heads'])}",
-              f"model.vocab={_int(r['vocab'])}"]
-    rec = r["act_recompute"].lower()
-    o.append("training.recompute=" + ("full" if rec.startswith("full") else
-                                      "selective" if rec.startswith("selective") else "none"))
-    if gpt:
-        o += ["layout.zero=0", "training.flash_attention=false"]
-    elif moe:
-        o += ["layout.zero=1", "training.precision=fp8", "training.optimizer_bytes=8"]
-    else:
-        o += ["layout.zero=2", "fabric=llama3_meta"]
-    split = uneven_split(layers, pp) if pp > 1 and layers % pp else None
-    if split:
-        o.append(f"layout.stage_layers=[{','.join(map(str, split))}]")
-    sched = r["schedule"].lower()
-    if "dualpipe" in sched:
-        o.append("schedule=dualpipe")
-    elif "interleaved" in sched and pp > 1:
-        smallest = min(split) if split else layers // pp
-        v = max(x for x in range(1, min(smallest, 8) + 1) if split or (layers // pp) % x == 0)
-        o += ["schedule=interleaved_1f1b", f"layout.vp={v}"]
-    else:
-        o.append("schedule=1f1b")
-    return o
+               gbs * seq, r["recompute"], raw=r, note=r["planner_notes"])
 
 
 # ---- the sources' FLOP conventions (per step) --------------------------------------------------
@@ -275,9 +222,9 @@ class Prediction:
         return None if self.predicted is None or self.truth is None else self.predicted - self.truth
 
 
-_SPECS: dict[tuple, object] = {}
+_SPECS: dict[str, object] = {}
 _BASES: dict[tuple, object] = {}
-_SHAPES: dict[tuple, object] = {}  # row -> its layout placed (plan.Shaped) or its rejected Plan
+_SHAPES: dict[str, object] = {}  # row -> its layout placed (plan.Shaped) or its rejected Plan
 _MM: dict[str, object] = {}
 
 
@@ -300,23 +247,19 @@ def _compose(overrides: list[str]):
     return typed(cfg)
 
 
-def row_spec(row: Row, legacy: bool = False):
+def row_spec(row: Row):
     """The typed config of a row (composed once), with the recompute the run needs."""
     from orchestrator.config.schema import Recompute
 
-    key = (row.name, legacy)
-    if key in _SPECS:
-        return _SPECS[key]
-    overrides = row.legacy if legacy else row.overrides
-    if overrides is None:
-        return None
-    spec = _compose(list(overrides))
-    if not legacy and row.recompute == "least":
+    if row.name in _SPECS:
+        return _SPECS[row.name]
+    spec = _compose(list(row.overrides))
+    if row.recompute == "least":
         spec = least_recompute(spec)
-    elif not legacy:
+    else:
         spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training,
                                                                       recompute=Recompute(row.recompute)))
-    _SPECS[key] = spec
+    _SPECS[row.name] = spec
     return spec
 
 
@@ -366,22 +309,17 @@ def with_params(spec, params: dict | None):
     hw = spec.hardware
     if gen and f"gemm_efficiency:{gen}" in params:
         hw = dataclasses.replace(hw, gemm_efficiency=params[f"gemm_efficiency:{gen}"])
-    if "kernel_efficiency" in params:
-        hw = dataclasses.replace(hw, kernel_efficiency=params["kernel_efficiency"])
     cost = dataclasses.replace(spec.cost, **{k: params[k] for k in SHARED if k in params})
     return dataclasses.replace(spec, hardware=hw, cost=cost)
 
 
-def predict_one(row: Row, params: dict | None = None, legacy: bool = False) -> Prediction:
+def predict_one(row: Row, params: dict | None = None) -> Prediction:
     from orchestrator.plan.plan import Plan, cost_plan, shape_plan
 
-    spec = row_spec(row, legacy)
-    if spec is None:
-        return Prediction(row, None, None, None)
-    key = (row.name, legacy)
-    if key not in _SHAPES:  # the fitted coefficients change the costs, never the shape
-        _SHAPES[key] = shape_plan(spec, mm=_model_math(spec))
-    shaped = _SHAPES[key]
+    spec = row_spec(row)
+    if row.name not in _SHAPES:  # the fitted coefficients change the costs, never the shape
+        _SHAPES[row.name] = shape_plan(spec, mm=_model_math(spec))
+    shaped = _SHAPES[row.name]
     plan = shaped if isinstance(shaped, Plan) else cost_plan(shaped, with_params(spec, params))
     if plan.step is None:
         return Prediction(row, plan, None, None)
@@ -391,8 +329,8 @@ def predict_one(row: Row, params: dict | None = None, legacy: bool = False) -> P
     return Prediction(row, plan, plan.mfu, truth, step)
 
 
-def predict(rows: list[Row], params: dict | None = None, legacy: bool = False) -> list[Prediction]:
-    return [predict_one(r, params, legacy) for r in rows]
+def predict(rows: list[Row], params: dict | None = None) -> list[Prediction]:
+    return [predict_one(r, params) for r in rows]
 
 
 def current_params() -> dict:
@@ -475,29 +413,6 @@ def fit(rows: list[Row], start: dict | None = None, iterations: int = 8, verbose
     return from_x(x)
 
 
-def fit_legacy(preds: list[Prediction]) -> dict[str, float]:
-    """The first model's fit: one kernel efficiency per GPU type, closed-form least squares."""
-    num: dict[str, float] = {}
-    den: dict[str, float] = {}
-    for p in preds:
-        if p.row.use != "fit" or p.truth is None or p.predicted is None:
-            continue
-        hw = p.plan.spec.hardware.name
-        u = p.predicted / p.plan.spec.hardware.kernel_efficiency
-        num[hw] = num.get(hw, 0.0) + u * p.truth
-        den[hw] = den.get(hw, 0.0) + u * u
-    return {hw: num[hw] / den[hw] for hw in num}
-
-
-def legacy_predictions(rows: list[Row], eff: dict[str, float]) -> list[Prediction]:
-    out = []
-    for r in rows:
-        spec = row_spec(r, legacy=True)
-        hw = spec.hardware.name if spec is not None else None
-        out.append(predict_one(r, {"kernel_efficiency": eff[hw]} if hw in eff else None, legacy=True))
-    return out
-
-
 def _prior(train: list[Row], params: dict) -> dict:
     """Start values for a fold: the full fit's, except a GPU generation no training row runs
     on, which gets the mean ceiling of the generations that have rows (no peeking)."""
@@ -520,43 +435,21 @@ def loso(rows: list[Row], params: dict, iterations: int = 3) -> dict[str, list[P
     return out
 
 
-def loso_legacy(rows: list[Row]) -> dict[str, list[Prediction]]:
-    """The first model's leave-one-source-out: its per-GPU efficiency refitted without the
-    family (the preset's value where no other row runs on that GPU)."""
-    base = legacy_predictions(rows, {})
-    out = {}
-    for fam in sorted({r.family for r in rows}):
-        eff = fit_legacy([p for p in base if p.row.family != fam])
-        out[fam] = legacy_predictions([r for r in rows if r.family == fam], eff)
-    return out
-
-
-# The first model's presets as shipped (fitted on calibration.csv's rows).
-SHIPPED_EFFICIENCY = {"a100_80gb": 0.631, "h100_sxm": 0.600, "h800": 0.600}
-
-
 @dataclass
 class Evaluation:
     params: dict
     after: list[Prediction]  # in sample (the fit on every `use=fit` row)
-    before: list[Prediction]  # the first model refitted on every row it can plan
-    legacy_efficiency: dict
-    shipped: list[Prediction] = field(default_factory=list)  # the first model as shipped
     after_loso: dict[str, list[Prediction]] = field(default_factory=dict)
-    before_loso: dict[str, list[Prediction]] = field(default_factory=dict)
 
 
 def evaluate(rows: list[Row] | None = None, refit: bool = True, loso_folds: bool = True,
              iterations: int = 8) -> Evaluation:
-    """Before (the first model) and after (this one), in sample and leave-one-source-out."""
+    """The fitted model's predictions, in sample and leave-one-source-out."""
     rows = rows if rows is not None else load_runs()
     params = fit(rows, iterations=iterations) if refit else current_params()
-    eff = fit_legacy(legacy_predictions(rows, {}))
-    ev = Evaluation(params, predict(rows, params), legacy_predictions(rows, eff), eff,
-                    legacy_predictions(rows, SHIPPED_EFFICIENCY))
+    ev = Evaluation(params, predict(rows, params))
     if loso_folds:
         ev.after_loso = loso(rows, params)
-        ev.before_loso = loso_legacy(rows)
     return ev
 
 
