@@ -11,8 +11,10 @@ import pytest
 
 from conftest import ROOT, plan_of
 from orchestrator.report.artifacts import write_measured, write_plan
-from orchestrator.report.figures import (Rect, Text, cluster_scene, draw_cluster, draw_step_budget, render_png,
-                                       step_budget_scene, write_figures)
+from orchestrator.report.cluster import cluster_scene
+from orchestrator.report.figures import draw_cluster, draw_step_budget, write_figures
+from orchestrator.report.scene import Rect, Text, render_png
+from orchestrator.report.step_budget import step_budget_scene
 from orchestrator.rundir import read_steps
 
 DEMO = ["hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=4", "model=tiny", "layout.tp=2", "layout.pp=2",

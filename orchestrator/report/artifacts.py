@@ -61,7 +61,7 @@ def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
 
         label = "measured" + (f" (attempt {last['attempt']})" if last["attempt"] else "")
         out["step_budget"] = write_step_budget(plan, run_dir / rundir.STEP_BUDGET_PNG, measured=dict(last, label=label))
-    from orchestrator.report.figures import fmt_time
+    from orchestrator.report.step_budget import fmt_time
 
     out["line"] = (f"measured {fmt_time(last['median_s'])} per step (median of {last['steps']}) vs predicted "
                    f"{fmt_time(last['predicted_s'])} on hardware={last['hardware']}: {last['ratio']:.2f}x "

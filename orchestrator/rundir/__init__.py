@@ -2,7 +2,9 @@
 attempt directories, the environment a launcher gives the runtime, the exit statuses both
 sides read, the one rule for "the measured step", and how JSON is written (strict: no NaN or
 Infinity). Launchers, the runtime, the sweep and `orchestrate-runs` all use these names.
-Torch-free and free of the rest of orchestrator, so every layer may import it.
+Torch-free and free of the rest of orchestrator, so every layer may import it. Its modules:
+`checkpoints` (save folders, files.json, COMPLETE/DAMAGED, what a resume may change),
+`events` (failover.json and its TensorBoard copy), `metrics` (measured MFU, one row per attempt).
 
     RUN_DIR/                     attempt 0 is the run directory itself
       plan.json  plan.md  cluster.png  step_budget.png   what the planner wrote
