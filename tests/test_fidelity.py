@@ -313,3 +313,31 @@ def test_context_parallelism_as_each_stack_runs_it():
     assert a2a.axes["cp"].bytes_per_step < gather.axes["cp"].bytes_per_step
     assert "all-to-all" in a2a.axes["cp"].collective and "ring" in ring.axes["cp"].collective
     assert a2a.step.wall_cp == pytest.approx(a2a.axes["cp"].seconds)  # nothing hidden
+
+
+@pytest.mark.parametrize("recipe", ["llama3_405b_long_context", "deepseek_v3"])
+def test_the_cost_model_returns_what_it_computes_and_leaves_the_shape_alone(recipe):
+    """cost.step_time reads the shape's axis traffic and returns each axis' cost; the plan's
+    reports are built from it, so costing one shape twice (calibration re-costs the same shape
+    under other coefficients) neither changes the shape nor depends on the earlier costing,
+    and what the axes report exposed is what the step's parts add up to."""
+    import dataclasses
+
+    from orchestrator.plan.plan import cost_plan, shape_plan
+
+    spec = plan_of(f"recipe={recipe}").spec
+    shaped = shape_plan(spec)
+    before = {k: a.to_json() for k, a in shaped.axes.items()}
+    first = cost_plan(shaped, spec)
+    slower = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware,
+                                                                    gemm_efficiency=spec.hardware.gemm_efficiency / 2))
+    assert cost_plan(shaped, slower).step.wall_s > first.step.wall_s
+    assert {k: a.to_json() for k, a in shaped.axes.items()} == before
+    again = cost_plan(shaped, spec)
+    assert {k: a.to_json() for k, a in again.axes.items()} == {k: a.to_json() for k, a in first.axes.items()}
+    ax, st = first.axes, first.step
+    for name in ("tp", "cp", "ep"):
+        assert ax[name].exposed_s == pytest.approx(getattr(st, "wall_" + name), rel=1e-9, abs=1e-12)
+    assert ax["pp"].exposed_s == pytest.approx(st.wall_p2p, rel=1e-9, abs=1e-12)
+    assert ax["dp"].exposed_s + ax["edp"].exposed_s == pytest.approx(st.wall_dp_exposed, rel=1e-9, abs=1e-12)
+    assert any(ax[n].seconds > 0 for n in ("cp", "ep"))
