@@ -369,3 +369,29 @@ def test_eager_elementwise_and_flash_attention_2_as_torchtitan_runs_them():
         plan_of(*a100, "stack.attention_kernel=fused").step.wall_s, rel=1e-12)
     core = plan_of(*TORCHTITAN_8B, "stack=megatron_core")
     assert core.spec.stack.fused_elementwise and core.spec.stack.attention_kernel.value == "fused"
+
+
+# ZeRO-3 without model parallelism as Narayanan et al. 2021 (arXiv:2104.04473, Sec. 5.2) ran it
+# against PTD-P: GPT-3 175B and 530B on A100, DeepSpeed, batch 1536 / 2560 sequences.
+GPT_530B = ["hardware=a100_80gb", "stack=deepspeed", "model=gpt_1t", "model.layers=105", "model.hidden=20480",
+            "model.heads=128", "model.kv_heads=128", "model.ffn_hidden=81920", "layout.tp=1", "layout.pp=1",
+            "layout.zero=3", "training.recompute=full", "training.seq_len=2048", "training.flash_attention=false"]
+
+
+def test_deepspeed_zero3_gathers_each_submodule_and_pays_each_calls_latency():
+    """DeepSpeed gathers every leaf module's parameters on its own (6 calls per GPT layer and
+    pass), so at 2,240 GPUs the per-call ring latency, not the bytes, sets the data-parallel
+    time; it holds only the largest submodule gathered, so the 530B model fits 640 A100s (it ran)."""
+    small = plan_of(*GPT_530B, "cluster.nodes=80", "layout.dp=640", "training.global_batch=2560",
+                    "training.micro_batch=4")
+    assert small.valid, [str(e) for e in small.errors]
+    assert not plan_of(*GPT_530B, "stack.zero3_gathers_per_layer=1", "cluster.nodes=80", "layout.dp=640",
+                       "training.global_batch=2560", "training.micro_batch=4").valid  # two whole layers gathered
+    big = [*GPT_530B, "cluster.nodes=280", "layout.dp=2240", "training.global_batch=2240", "training.micro_batch=1"]
+    per_module, per_layer = plan_of(*big), plan_of(*big, "stack.zero3_gathers_per_layer=1")
+    assert per_module.axes["dp"].calls_per_step == (2 * 6 + 1) * 105
+    assert per_module.axes["dp"].bytes_per_step == per_layer.axes["dp"].bytes_per_step
+    extra = per_module.axes["dp"].seconds - per_layer.axes["dp"].seconds
+    calls = per_module.axes["dp"].calls_per_step - per_layer.axes["dp"].calls_per_step
+    assert 1e-3 < extra / calls < 20e-3  # milliseconds per call over 2,240 ranks: latency-bound
+    assert per_module.step.wall_dp_exposed > 1.2 * per_layer.step.wall_dp_exposed

@@ -232,6 +232,12 @@ class StackConfig:
     # bucket of max(this, 1M x dp) parameters (Megatron-Core's DDP: 40M; DeepSpeed: 5e8). ZeRO-3
     # gathers per layer whatever the buckets.
     dp_bucket_params: float = 0.0
+    # ZeRO-3 weight all-gathers per layer and pass: one per FSDP unit (1: FSDP, FSDP2, Megatron's
+    # FSDP), or one per submodule where the stack gathers each submodule's parameters as it runs
+    # (DeepSpeed: partitioned_param_coordinator.fetch_sub_module, one coalesced all-gather per leaf
+    # module: a GPT layer's QKV, output projection, two MLP linears and two LayerNorms = 6).
+    # Each call pays the collective's latency (plan/cost.py _dp_latency_s).
+    zero3_gathers_per_layer: float = 1.0
     # How context parallelism moves K/V (CPComm; plan/cost.py _cp_traffic)
     cp_comm: CPComm = CPComm.all_gather
     # Norms, activations, rotary embeddings and residual adds as fused kernels (Transformer

@@ -287,7 +287,9 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         nbytes = r + g
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
         nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
-        rounds = (3.0 if d.zero == 3 else 2.0) if d.zero else 1.0
+        # ZeRO-3: two weight gathers (forward, backward) of zero3_gathers_per_layer calls each
+        gathers = 2.0 * _pos(spec.stack.zero3_gathers_per_layer, 1.0, 64.0) if spec is not None else 2.0
+        rounds = (1.0 + gathers if d.zero == 3 else 2.0) if d.zero else 1.0
         calls = (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
         out[name] = AxisReport(name, size, collective, calls if live else 0, nbytes if live else 0, hideable=True)
     return out
