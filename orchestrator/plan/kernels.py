@@ -14,8 +14,11 @@ every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
            + elementwise x memory-bound bytes / HBM                   norms, residuals, rotary,
                                                                       activation, dropout, MoE
                                                                       permutes, FP8 casts, loss
+                                                                      (op by op in PyTorch eager:
+                                                                      EAGER, stack.fused_elementwise)
            + (1 + 2.5 / 0.7) x attention-core forward FLOPs           flash attention (causal; its
-               / (peak x attention_efficiency)                          backward recomputes scores)
+               / (peak x attention_efficiency [x flash2_speed])         backward recomputes scores;
+                                                                        FA2: stack.attention_kernel)
            + launch_overhead_us per kernel                            host time per launch: about
                                                                       20 kernels per layer, and
                                                                       per local expert its GEMMs
