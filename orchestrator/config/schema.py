@@ -131,6 +131,10 @@ class HardwareConfig:
     # (0: one per process; more processes than cores share their time).
     launch_overhead_us: Optional[float] = None
     host_cores: int = 0
+    # FlashAttention-2's speed on this GPU relative to the fused attention kernels the fitted
+    # cost.attention_efficiency describes (cuDNN / FlashAttention-3 on Hopper), for stacks that
+    # run FA2 (stack.attention_kernel=flash2). 1 where FA2 is that kernel (Ampere).
+    flash2_speed: float = 1.0
 
 
 @dataclass
@@ -162,6 +166,11 @@ class CPComm(str, Enum):
     all_gather = "all_gather"  # K/V all-gathered (Llama 3, torch CP's allgather rotation, this runtime)
     p2p = "p2p"  # ring attention: K/V blocks passed around the ring, hidden behind each block's attention
     a2a = "a2a"  # DeepSpeed-Ulysses / Megatron a2a: sequence <-> head shards by all-to-all
+
+
+class AttentionKernel(str, Enum):
+    fused = "fused"  # cuDNN fused attention / FlashAttention-3 (Transformer Engine)
+    flash2 = "flash2"  # FlashAttention-2 (torch SDPA's flash backend)
 
 
 class DPWindow(str, Enum):
@@ -223,8 +232,22 @@ class StackConfig:
     # bucket of max(this, 1M x dp) parameters (Megatron-Core's DDP: 40M; DeepSpeed: 5e8). ZeRO-3
     # gathers per layer whatever the buckets.
     dp_bucket_params: float = 0.0
+    # ZeRO-3 weight all-gathers per layer and pass: one per FSDP unit (1: FSDP, FSDP2, Megatron's
+    # FSDP), or one per submodule where the stack gathers each submodule's parameters as it runs
+    # (DeepSpeed: partitioned_param_coordinator.fetch_sub_module, one coalesced all-gather per leaf
+    # module: a GPT layer's QKV, output projection, two MLP linears and two LayerNorms = 6).
+    # Each call pays the collective's latency (plan/cost.py _dp_latency_s).
+    zero3_gathers_per_layer: float = 1.0
     # How context parallelism moves K/V (CPComm; plan/cost.py _cp_traffic)
     cp_comm: CPComm = CPComm.all_gather
+    # Norms, activations, rotary embeddings and residual adds as fused kernels (Transformer
+    # Engine / Apex, torch.compile): one read and one write per op. False: PyTorch eager, op by
+    # op, each intermediate through HBM (plan/kernels.py EAGER).
+    fused_elementwise: bool = True
+    # The attention kernel the stack calls (AttentionKernel): `fused` (cuDNN / FlashAttention-3
+    # through Transformer Engine, what cost.attention_efficiency is fitted on) or `flash2`
+    # (torch's scaled_dot_product_attention flash backend: FlashAttention-2), at hardware.flash2_speed.
+    attention_kernel: AttentionKernel = AttentionKernel.fused
 
 
 @dataclass

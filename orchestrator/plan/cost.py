@@ -111,6 +111,38 @@ class Step:
 WALL_PARTS = ("compute", "tp", "cp", "ep", "pp_bubble", "p2p", "dp_exposed")
 
 
+@dataclass(frozen=True)
+class AxisCost:
+    """What the predicted step pays on one axis: its traffic's time on its tier, the part the
+    step waits for and the part hidden behind compute; for TP, CP and EP also the traffic of
+    the stage that sets the pace (calls, bytes per step, bytes per micro-batch), which replaces
+    the compute-slowest stage's that ranked the axes before the tiers were known."""
+
+    seconds: float = 0.0
+    exposed_s: float = 0.0
+    hidden_s: float = 0.0
+    paced: tuple[float, float, float] | None = None
+
+    def report(self, a: AxisReport) -> AxisReport:
+        """The axis' report: its traffic and tier (`a`, from the shape) with these costs."""
+        traffic = {}
+        if self.paced is not None:
+            traffic = dict(zip(("calls_per_step", "bytes_per_step", "bytes_per_microbatch"), self.paced))
+        return replace(a, seconds=self.seconds, exposed_s=self.exposed_s, hidden_s=self.hidden_s, **traffic)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What step_time computes: the step's parts and, per axis it costs, what that axis pays."""
+
+    step: Step
+    axes: dict[str, AxisCost]
+
+    def reports(self, axes: dict[str, AxisReport]) -> dict[str, AxisReport]:
+        """The axes' reports with their costs (an axis the step does not cost keeps its own)."""
+        return {k: self.axes[k].report(a) if k in self.axes else a for k, a in axes.items()}
+
+
 @dataclass
 class Traffic:
     """Tier-independent figures per micro-batch for one stage."""
@@ -255,7 +287,9 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         nbytes = r + g
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
         nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
-        rounds = (3.0 if d.zero == 3 else 2.0) if d.zero else 1.0
+        # ZeRO-3: two weight gathers (forward, backward) of zero3_gathers_per_layer calls each
+        gathers = 2.0 * _pos(spec.stack.zero3_gathers_per_layer, 1.0, 64.0) if spec is not None else 2.0
+        rounds = (1.0 + gathers if d.zero == 3 else 2.0) if d.zero else 1.0
         calls = (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
         out[name] = AxisReport(name, size, collective, calls if live else 0, nbytes if live else 0, hideable=True)
     return out
@@ -413,14 +447,16 @@ class _Pass:
     stage: int
 
 
-def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
-              axes: dict[str, AxisReport], tiers: dict[str, Tier], spec=None, order=None) -> Step:
+def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, AxisReport],
+              tiers: dict[str, Tier], order: list[str], spec) -> StepCost:
+    """The step of `stages` laid out as `d` on `tiers` (the shape's traffic per axis in
+    `axes`, read, never written), under `spec`'s training, hardware, stack and coefficients."""
+    tr, hw, stack = spec.training, spec.hardware, spec.stack
     m = d.microbatches
     traffic = [stage_traffic(st, d, mm, tr, hw, spec) for st in stages]
-    nvlink = tiers_for(spec)[0] if spec is not None else tiers["tp"]
-    stack = _stack(spec)
-    tp_hide = _frac(stack.tp_overlap, 0.0) if stack is not None else 0.0
-    ep_hide = _frac(stack.ep_overlap, 0.0) if stack is not None else 0.0
+    nvlink = tiers_for(spec)[0]
+    tp_hide = _frac(stack.tp_overlap, 0.0)
+    ep_hide = _frac(stack.ep_overlap, 0.0)
     over = _oversubscribed(spec)
     cp_tier = replace(tiers["cp"], gbps=_stream_gbps(tiers["cp"], d, order, "cp", over))
     pp_tier = replace(tiers["pp"], gbps=_stream_gbps(tiers["pp"], d, order, "pp", over))
@@ -438,8 +474,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
                for n in ("dp", "edp")}
 
     bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
-    sm = _frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0) if stack is not None else 0.0
-    sm = min(sm, 0.9)
+    sm = min(_frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0), 0.9)
 
     def run(compute: list[float]) -> _Pass:
         per = []
@@ -463,21 +498,21 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
         j = max(range(len(per)), key=lambda i: per[i][0])
         mb, comp, tp, cp, ep, ep_hidden = per[j]
         bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
-        dp = _data_parallel(axes, tiers, d, comp, m, spec, dp_gbps, commit=False)
+        dp, _ = _data_parallel(axes, d, comp, m, spec, dp_gbps)
         return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j)
 
     roof = run([tt.compute_s for tt in traffic])
     p2p = 0.0
+    costs: dict[str, AxisCost] = {}
     pp = axes["pp"]
     if d.pp > 1:
         send_bytes = pp.bytes_per_microbatch / (2 * d.chunks)
         one = send_bytes / (pp_tier.gbps * 1e9) + pp_tier.latency_us * 1e-6
-        pp.seconds = pp.calls_per_step * one
         p2p = 2 * (d.pp * d.chunks - 1) * one
-        pp.exposed_s, pp.hidden_s = p2p, max(pp.seconds - p2p, 0.0)
+        costs["pp"] = AxisCost(pp.calls_per_step * one, p2p, max(pp.calls_per_step * one - p2p, 0.0))
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
-    constant = spec is None or _enum(spec.cost.kernel_model or spec.hardware.kernel_model) == "constant"
+    constant = _enum(spec.cost.kernel_model or spec.hardware.kernel_model) == "constant"
     if constant:
         eff = hw.kernel_efficiency
         wall_s = total / eff
@@ -497,20 +532,17 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
     # The axes report what the predicted step pays.
-    _paced_traffic(axes, traffic, ach.stage, bidirectional, m)
-    _data_parallel(axes, tiers, d, ach.comp, m, spec, dp_gbps, commit=True)
-    axes["ep"].hidden_s = m * ach.ep_hidden
-    for name, t in (("tp", ach.tp), ("cp", ach.cp), ("ep", ach.ep)):
-        axes[name].exposed_s = m * t
+    paced = _paced_traffic(traffic, ach.stage, bidirectional, m)
     tp_raw = _time(*traffic[ach.stage].tp, tiers["tp"])
-    axes["tp"].seconds = m * tp_raw
-    axes["tp"].hidden_s = m * (tp_raw - ach.tp)
-    axes["cp"].seconds = m * ach.cp
-    axes["ep"].seconds = m * (ach.ep + ach.ep_hidden)
-    return Step(compute=m * roof.comp, tp=m * roof.tp, cp=m * roof.cp, ep=m * roof.ep, pp_bubble=roof.bubble,
+    costs["tp"] = AxisCost(m * tp_raw, m * ach.tp, m * (tp_raw - ach.tp), paced["tp"])
+    costs["cp"] = AxisCost(m * ach.cp, m * ach.cp, 0.0, paced["cp"])
+    costs["ep"] = AxisCost(m * (ach.ep + ach.ep_hidden), m * ach.ep, m * ach.ep_hidden, paced["ep"])
+    costs.update(_data_parallel(axes, d, ach.comp, m, spec, dp_gbps)[1])
+    step = Step(compute=m * roof.comp, tp=m * roof.tp, cp=m * roof.cp, ep=m * roof.ep, pp_bubble=roof.bubble,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
                 **{"wall_" + k: v for k, v in wall.items()})
+    return StepCost(step, costs)
 
 
 def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spec) -> list[float]:
@@ -537,17 +569,18 @@ def _core_share(hw, d: Layout) -> float:
     return max(1.0, d.world / cores)
 
 
-def _paced_traffic(axes: dict[str, AxisReport], traffic: list[Traffic], stage: int, bidirectional: bool,
-                   m: int) -> None:
-    """TP/CP/EP calls and bytes of the stage that sets the pace (whose seconds the axes report;
-    DualPipe: the mean of a rank's two), not the compute-slowest stage's that ranked the axes
-    for the order before the tiers were known."""
+def _paced_traffic(traffic: list[Traffic], stage: int, bidirectional: bool,
+                   m: int) -> dict[str, tuple[float, float, float]]:
+    """TP/CP/EP (calls, bytes per step, bytes per micro-batch) of the stage that sets the pace
+    (whose seconds the axes report; DualPipe: the mean of a rank's two), not the
+    compute-slowest stage's that ranked the axes for the order before the tiers were known."""
     paced = [traffic[stage]] + ([traffic[len(traffic) - 1 - stage]] if bidirectional and len(traffic) > 1 else [])
+    out = {}
     for name in ("tp", "cp", "ep"):
         calls = sum(getattr(tt, name)[0] for tt in paced) / len(paced)
         per_mb = sum(getattr(tt, name)[0] * getattr(tt, name)[1] for tt in paced) / len(paced)
-        a = axes[name]
-        a.calls_per_step, a.bytes_per_step, a.bytes_per_microbatch = m * calls, m * per_mb, per_mb
+        out[name] = (m * calls, m * per_mb, per_mb)
+    return out
 
 
 def _scores_s(tt: Traffic, st: Stage, mm: ModelMath, tr, hw, d: Layout) -> float:
@@ -559,29 +592,29 @@ def _scores_s(tt: Traffic, st: Stage, mm: ModelMath, tr, hw, d: Layout) -> float
     return max(tt.compute_s - at_peak, 0.0)
 
 
-def _data_parallel(axes: dict[str, AxisReport], tiers: dict[str, Tier], d: Layout, comp_mb: float, m: int,
-                   spec, gbps: dict[str, tuple[float, float]], commit: bool) -> float:
-    """What of the data-parallel traffic the step pays (see the module's docstring)."""
+def _data_parallel(axes: dict[str, AxisReport], d: Layout, comp_mb: float, m: int, spec,
+                   gbps: dict[str, tuple[float, float]]) -> tuple[float, dict[str, AxisCost]]:
+    """What of the data-parallel traffic the step pays (see the module's docstring), and each
+    data-parallel axis' cost: its traffic's time and its share of what sticks out."""
     live = [axes[n] for n in ("dp", "edp") if axes[n].calls_per_step]
     if not live:
-        return 0.0
+        return 0.0, {}
     secs = {a.name: a.bytes_per_step / (gbps[a.name][0] * 1e9) + a.calls_per_step * gbps[a.name][1] for a in live}
-    stack = _stack(spec)
-    window_kind = _enum(stack.dp_window) if stack is not None else "step"
-    overlap = _frac(stack.dp_overlap, 2.0 / 3.0) if stack is not None else 2.0 / 3.0
-    first_exposed = bool(stack.dp_first_gather_exposed) if stack is not None else True
+    stack = spec.stack
+    window_kind = _enum(stack.dp_window)
+    overlap = _frac(stack.dp_overlap, 2.0 / 3.0)
+    first_exposed = bool(stack.dp_first_gather_exposed)
     busy = sum(secs.values())
     if window_kind == "step":
         first_gather = sum(secs[a.name] / a.calls_per_step for a in live) if d.zero and first_exposed else 0.0
         exposed = max(busy - overlap * m * comp_mb, 0.0) + first_gather
     else:
         exposed = _microbatch_window(live, secs, d, comp_mb, m, overlap, spec)
-    if commit:
-        for a in live:  # each axis carries its share of what sticks out
-            a.seconds = secs[a.name]
-            a.exposed_s = exposed * secs[a.name] / busy if busy else 0.0
-            a.hidden_s = max(a.seconds - a.exposed_s, 0.0)
-    return exposed
+    costs = {}
+    for a in live:
+        share = exposed * secs[a.name] / busy if busy else 0.0
+        costs[a.name] = AxisCost(secs[a.name], share, max(secs[a.name] - share, 0.0))
+    return exposed, costs
 
 
 def _microbatch_window(live, secs, d: Layout, comp_mb: float, m: int, overlap: float, spec) -> float:

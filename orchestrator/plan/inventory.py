@@ -112,8 +112,11 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
         acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
     if st.outputs or (mirror is not None and mirror.outputs):
         acts += 2 * 4.0 * tokens * vocab / t  # fp32 logits and their gradient
-    # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched).
-    per_layer = (st.params - st.expert_params) / t / max(len(st.layers), 1)
+    # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched): a
+    # layer each, or where the stack gathers per submodule (stack.zero3_gathers_per_layer > 1,
+    # DeepSpeed) the largest submodule, about a third of a layer (an MLP linear's 4h^2 of 12h^2).
+    gathers = getattr(getattr(spec, "stack", None), "zero3_gathers_per_layer", 1.0) or 1.0
+    per_layer = (st.params - st.expert_params) / t / max(len(st.layers), 1) / min(max(gathers, 1.0), 3.0)
     other = hw.reserve_gb * GiB + (2 * 2.0 * per_layer if d.zero >= 3 and shard > 1 else 0.0)
     total = params + grads + optimizer + acts + other
     return Memory(params, grads, optimizer, acts, other, total, hw.gpu_memory_gb * GiB, st.index)

@@ -14,8 +14,11 @@ every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
            + elementwise x memory-bound bytes / HBM                   norms, residuals, rotary,
                                                                       activation, dropout, MoE
                                                                       permutes, FP8 casts, loss
+                                                                      (op by op in PyTorch eager:
+                                                                      EAGER, stack.fused_elementwise)
            + (1 + 2.5 / 0.7) x attention-core forward FLOPs           flash attention (causal; its
-               / (peak x attention_efficiency)                          backward recomputes scores)
+               / (peak x attention_efficiency [x flash2_speed])         backward recomputes scores;
+                                                                        FA2: stack.attention_kernel)
            + launch_overhead_us per kernel                            host time per launch: about
                                                                       20 kernels per layer, and
                                                                       per local expert its GEMMs
@@ -125,6 +128,8 @@ class Shape:
     gemm16: float  # FLOP/s a bf16 GEMM reaches: peak x gemm_efficiency
     gemm8: float  # ... an FP8 GEMM: FP8 peak x gemm_efficiency x fp8_gemm_efficiency
     hbm: float  # bytes/s
+    eager: bool = False  # memory-bound ops run op by op (stack.fused_elementwise=false)
+    attn_speed: float = 1.0  # the attention kernel's speed relative to the fitted fused kernels
 
 
 def _gemm(M: float, N: float, K: float, fp8: bool, shape: Shape, passes: float = 3.0) -> Features:
@@ -142,6 +147,24 @@ def _gemm(M: float, N: float, K: float, fp8: bool, shape: Shape, passes: float =
 
 def _elem(elements: float, shape: Shape) -> Features:
     return Features(elem=2.0 * elements / shape.hbm)
+
+
+# PyTorch eager (stack.fused_elementwise=false) runs each memory-bound op as its own kernels,
+# every intermediate through HBM; a fused kernel (Transformer Engine, Apex, torch.compile's
+# Inductor) reads its inputs and writes its outputs once. Extra elements moved per element of
+# the op's output, forward + backward, in 2-byte units (an fp32 tensor counts 2), from the ops
+# eager autograd runs (pytorch/pytorch@1963fc8, the torch torchtitan's 2024-12 benchmarks ran):
+# - RMSNorm, torch's composite rms_norm (x.float(), pow, mean, rsqrt, mul, type_as, mul weight):
+#   forward 18 against 2 fused, backward 33 against 3 -> 46 more. LayerNorm has a native
+#   kernel in eager (aten native_layer_norm), so GELU models (GPT, LayerNorm) pay none.
+# - SwiGLU, silu(x W1) * (x W3) as two ops: forward 5, backward 9 per output element against
+#   the fused 8 -> 6 more.
+# - rotary embedding as torchtitan writes it (float, view_as_complex, mul, view_as_real,
+#   type_as): forward and backward 10 each against the fused 4 -> 16 more per rotated element
+#   (4 x the fused count).
+# - cross-entropy on fp32 logits (float, log_softmax, nll and their backward): 18 against 8 -> 10.
+# Bytes / HBM bandwidth, as the fused work (hardware.hbm_gbps: the GPU's datasheet figure).
+EAGER = {"rmsnorm": 46.0, "swiglu": 6.0, "rope": 4.0, "loss": 10.0}
 
 
 @lru_cache(maxsize=4096)
@@ -181,7 +204,7 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
         # attention_efficiency is the forward's. Flash attention's backward recomputes the scores,
         # 2.5 forwards' FLOPs at about 0.7 of the forward's rate (FlashAttention-2, Dao 2023), so
         # a step costs 1 + 2.5 / 0.7 forwards (one more when recompute runs the core again).
-        out += Features(attn=(1.0 + 2.5 / 0.7 + (1.0 if recompute_core else 0.0)) * fwd / s.peak16)
+        out += Features(attn=(1.0 + 2.5 / 0.7 + (1.0 if recompute_core else 0.0)) * fwd / (s.peak16 * s.attn_speed))
     else:  # QK^T and AV per head over the full score matrix (2021-22 Megatron computes it all)
         q_len = T / max(s.mb, 1)
         passes = 4.0 if recompute_core else 3.0
@@ -224,6 +247,10 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
     elems += 16.0 * T * h / seq_shard  # two norms (fwd 2h, bwd 3h) and two residual adds
     elems += rope * T
     elems += 10.0 * mm.dropout * T * h / seq_shard  # dropout masks and their application
+    if s.eager:
+        elems += EAGER["rope"] * rope * T
+        if mats == 3:  # SwiGLU models (Llama) norm with RMSNorm
+            elems += EAGER["rmsnorm"] * 2 * T * h / seq_shard + EAGER["swiglu"] / act * act_elems
     if full:
         elems *= 1.4  # the forward's share of the memory-bound work, run again
     elif s.recompute == "selective" and s.selective == "orchestrator":
@@ -240,7 +267,8 @@ def output_features(mm: ModelMath, s: Shape) -> Features:
     """The output layer and the loss on the last stage (kept in bf16 by FP8 recipes)."""
     V = mm.V / s.t
     g = _gemm(s.tokens, V, mm.h, False, s)
-    return g + _elem(8.0 * s.tokens * V, s)  # fp32 logits: softmax forward and its gradient
+    # fp32 logits: softmax forward and its gradient
+    return g + _elem((8.0 + (EAGER["loss"] if s.eager else 0.0)) * s.tokens * V, s)
 
 
 def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
@@ -255,7 +283,10 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
         selective=str(getattr(stack.selective, "value", stack.selective)), sp=bool(spec.layout.sequence_parallel),
         imbalance=_clamp(getattr(moe, "load_imbalance", 0.0), 0.0, 100.0, 0.0),
         peak16=hw.peak_tflops * 1e12, gemm16=hw.peak_tflops * 1e12 * coef.gemm_efficiency,
-        gemm8=fp8_peak(hw) * 1e12 * coef.gemm_efficiency * coef.fp8, hbm=hw.hbm_gbps * 1e9)
+        gemm8=fp8_peak(hw) * 1e12 * coef.gemm_efficiency * coef.fp8, hbm=hw.hbm_gbps * 1e9,
+        eager=not stack.fused_elementwise,
+        attn_speed=(_clamp(hw.flash2_speed, 1e-3, 1.0, 1.0)
+                    if str(getattr(stack.attention_kernel, "value", stack.attention_kernel)) == "flash2" else 1.0))
 
 
 def stage_features(st, mm: ModelMath, s: Shape) -> Features:

@@ -103,9 +103,8 @@ def recost(plan, tiers: dict[str, Tier]) -> float | None:
     if isinstance(shaped, Plan):
         return None
     shaped.tiers = {**shaped.tiers, **tiers}
-    for name, t in tiers.items():
-        a = shaped.axes[name]
-        a.tier, a.gbps, a.latency_us = t.name, t.gbps, t.latency_us
+    shaped.axes = {**shaped.axes, **{n: replace(shaped.axes[n], tier=t.name, gbps=t.gbps, latency_us=t.latency_us)
+                                     for n, t in tiers.items()}}
     shaped.blast_radius = plan.blast_radius
     return cost_plan(shaped, plan.spec).step.wall_s
 

@@ -6,7 +6,7 @@ runtime builds its process groups, model chunks and data split from it alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.compose import to_dict
@@ -151,8 +151,8 @@ def cost_plan(shaped: Shaped, spec: Config) -> Plan:
     world = spec.cluster.nodes * hw.gpus_per_node
     plan = Plan(valid=False, errors=[], warnings=list(shaped.warnings), world_size=world, spec=spec)
     plan.params, plan.active_params = mm.total_params, mm.active_params
-    axes = {k: replace(a) for k, a in shaped.axes.items()}  # the step writes its seconds into them
-    step = step_time(stages, layout, mm, tr, hw, axes, shaped.tiers, spec, shaped.order)
+    cost = step_time(stages, layout, mm, shaped.axes, shaped.tiers, shaped.order, spec)
+    step, axes = cost.step, cost.reports(shaped.axes)
     memory = inventory(stages, layout, hw, tr, mm.V, spec)
     plan.layout, plan.order, plan.axes, plan.step, plan.memory = layout, shaped.order, axes, step, memory
 

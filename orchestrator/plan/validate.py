@@ -53,6 +53,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
     "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600),
     "hardware.gemm_efficiency": (1e-3, 1.0), "hardware.peak_fp8_tflops": (1e-6, 1e7),
+    "hardware.flash2_speed": (1e-3, 1.0), "stack.zero3_gathers_per_layer": (1.0, 64.0),
     "cost.elementwise": (0.0, 100.0), "cost.attention_efficiency": (1e-3, 1.0),
     "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
     "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
