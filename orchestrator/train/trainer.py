@@ -225,7 +225,10 @@ class Trainer:
             else:
                 model = self.parts[0][1]
                 local = 0.0
+                sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's root (dp_shard x cp > 1)
                 for k in range(run):
+                    if sync is not None:  # accumulate unsharded; reduce-scatter once, after the last micro-batch
+                        sync(k == run - 1)
                     loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b])
                     (loss * self._weight).backward()
                     local += _scalar(loss)
