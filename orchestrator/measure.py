@@ -168,6 +168,9 @@ def run_probe(ranks: int, write: Path | None) -> int:
           f"{measured['layer_op_us']:.1f} us per kernel of "
           f"the runtime's block (fwd+bwd); gloo "
           f"all-reduce over {g['ranks']} processes {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
+          f"per call as the runtime issues it: DTensor redistribute {g['tp_call_us']:.0f} us, "
+          f"+{g['dtensor_op_us']:.1f} us per DTensor op, c10d {g['c10d_call_us']:.0f} us, FSDP2 unit "
+          f"gathers {g['fsdp_gather_us']:.0f} us per micro-batch, reduce-scatter {g['fsdp_reduce_us']:.0f} us; "
           f"{measured['host_cores']} cores")
     out = write or Path("outputs") / "probe" / "hardware-site.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -94,11 +94,69 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.barrier()
     lat = _best(lambda: dist.all_reduce(small), repeat=5, number=40)
     bw_t = _best(lambda: dist.all_reduce(big), repeat=3, number=3)
+    calls = runtime_calls(world)
     if rank == 0:
         with open(out, "w") as f:
-            f.write(f"{lat} {bw_t} {big.numel() * 4}")
+            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls)))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def runtime_calls(world: int) -> tuple[float, float, float, float, float]:
+    """Seconds per call of the collectives as the runtime issues them, at the tiny model's
+    sizes (hidden 64, ffn 128, one 64-token micro-batch, fp32), each including its Python and
+    dispatch around the wire: (DTensor redistribute, the mean of a sequence-parallel all-gather
+    Shard(1) -> Replicate and reduce-scatter Partial -> Shard(1), as TP's layers run them;
+    one DTensor op's host time above the plain op's (a small matmul); a plain c10d all-gather
+    and all-reduce of a K/V-sized block, as context parallelism's attention runs them; FSDP2's
+    per-unit gather for one micro-batch's forward and backward (fully_shard on a two-linear
+    unit, reshard after forward, gradient sync off, minus the same unit unsharded); FSDP2's
+    per-unit gradient reduce-scatter (the same step with gradient sync on, minus off))."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    seq, h = 64, 64
+    part = DTensor.from_local(torch.randn(1, seq // world, h), mesh, [Shard(1)], run_check=False)
+    partial = DTensor.from_local(torch.randn(1, seq, h), mesh, [Partial()], run_check=False)
+    ag = _best(lambda: part.redistribute(mesh, [Replicate()]).to_local().sum(), repeat=5, number=20)
+    rs = _best(lambda: partial.redistribute(mesh, [Shard(1)]).to_local().sum(), repeat=5, number=20)
+    a, w = torch.randn(seq, h), torch.randn(h, h)
+    da = DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+    dw = DTensor.from_local(w, mesh, [Shard(1)], run_check=False)
+    op = _best(lambda: torch.mm(da, dw), repeat=5, number=50) - _best(lambda: torch.mm(a, w), repeat=5, number=50)
+    kv = torch.randn(1, seq // world, h)
+    outs = [torch.empty_like(kv) for _ in range(world)]
+    c10d = (_best(lambda: dist.all_gather(outs, kv), repeat=5, number=20)
+            + _best(lambda: dist.all_reduce(kv), repeat=5, number=20)) / 2
+    units = 4
+
+    def stack():
+        torch.manual_seed(0)
+        return nn.Sequential(*[nn.Sequential(nn.Linear(h, 2 * h), nn.Linear(2 * h, h)) for _ in range(units)])
+
+    warnings.filterwarnings("ignore", message=".*returned a view tensor")  # the bare Sequential's output
+    x = torch.randn(1, seq, h)
+    plain = stack()
+    sharded = stack()
+    for u in sharded:
+        fully_shard(u, mesh=mesh, reshard_after_forward=True)
+    fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
+    base = _best(lambda: plain(x).sum().backward(), repeat=5, number=5)
+
+    def fsdp(sync: bool):
+        sharded.set_requires_gradient_sync(sync)
+        sharded(x).sum().backward()
+
+    gather = (_best(lambda: fsdp(False), repeat=5, number=5) - base) / (units + 1)
+    reduce = (_best(lambda: fsdp(True), repeat=5, number=5) - base) / (units + 1) - gather
+    return max((ag + rs) / 2, 0.0), max(op, 0.0), max(c10d, 0.0), max(gather, 0.0), max(reduce, 0.0)
 
 
 def collectives(ranks: int = 2) -> dict:
@@ -113,9 +171,11 @@ def collectives(ranks: int = 2) -> dict:
         out = os.path.join(tmp, "gloo.txt")
         os.environ["OMP_NUM_THREADS"] = "1"
         mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
-        lat, bw_t, nbytes = (float(x) for x in open(out).read().split())
+        lat, bw_t, nbytes, tp, op, c10d, gather, reduce = (float(x) for x in open(out).read().split())
     bus = 2.0 * (ranks - 1) / ranks * nbytes / bw_t / 1e9
-    return {"ranks": ranks, "latency_us": lat * 1e6, "bus_gbps": bus}
+    return {"ranks": ranks, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
+            "dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6, "fsdp_gather_us": gather * 1e6,
+            "fsdp_reduce_us": reduce * 1e6}
 
 
 def probe(ranks: int = 2) -> dict:
@@ -134,5 +194,7 @@ def site_preset(measured: dict, base: dict) -> dict:
               inter_node_gbps=round(g["bus_gbps"], 3), intra_node_latency_us=round(g["latency_us"], 2),
               inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
               launch_overhead_us=round(measured.get("layer_op_us", measured["op_overhead_us"]), 3),
-              host_cores=int(measured["host_cores"]))
+              host_cores=int(measured["host_cores"]),
+              **{k: round(g[k], 2) for k in ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us",
+                                             "fsdp_reduce_us")})
     return hw

@@ -131,6 +131,15 @@ class HardwareConfig:
     # (0: one per process; more processes than cores share their time).
     launch_overhead_us: Optional[float] = None
     host_cores: int = 0
+    # Measured presets: host microseconds per collective call as the runtime issues it
+    # (orchestrator/plan/overheads.py; 0 = not modelled, as on every GPU preset): a DTensor
+    # redistribute (TP), one DTensor op above a plain one, a plain c10d call (CP, PP, the loss),
+    # FSDP2's per-unit gathers of one micro-batch and its per-unit gradient reduce-scatter.
+    tp_call_us: float = 0.0
+    dtensor_op_us: float = 0.0
+    c10d_call_us: float = 0.0
+    fsdp_gather_us: float = 0.0
+    fsdp_reduce_us: float = 0.0
 
 
 @dataclass

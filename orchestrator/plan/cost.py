@@ -44,6 +44,7 @@ from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import ModelMath
+from orchestrator.plan.overheads import host_calls
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.topology import Tier, tiers_for
 
@@ -491,9 +492,12 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
         share = _core_share(hw, d)
         achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
                     for st, tt in zip(stages, traffic)]
+        host = [host_calls(st, d, stage_features(st, mm, shape).kernels * 1e6, hw, share) for st in stages]
+        comm[:] = [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)]
         ach = run(achieved)
+        hj = host[ach.stage]
         wall = {"compute": m * ach.comp, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
-                "pp_bubble": ach.bubble, "p2p": p2p, "dp_exposed": ach.dp}
+                "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step, "dp_exposed": ach.dp + hj.dp_step}
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
     # The axes report what the predicted step pays.
