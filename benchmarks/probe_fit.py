@@ -41,11 +41,14 @@ def main() -> None:
 
     from orchestrator import compose, make_plan
     from orchestrator.config.compose import to_dict
-    from orchestrator.measure import probe_overrides, run_probe
+    from orchestrator.measure import probe_overrides
     from orchestrator.plan.artifacts import read_steps, step_stats
+    from orchestrator.rundir import timed
 
     tmp = Path(tempfile.mkdtemp(prefix="probe_fit_"))
-    assert run_probe(args.ranks, tmp / "hardware-site.yaml") == 0
+    # The probe at the runs' own priority (nice 10): on a shared host both get the same share.
+    subprocess.run(["nice", "-n", "10", sys.executable, "-m", "orchestrator.measure", "--probe", "--ranks",
+                    str(args.ranks), "--write", str(tmp / "hardware-site.yaml")], cwd=ROOT, check=True)
     hw = OmegaConf.to_container(OmegaConf.load(tmp / "hardware-site.yaml"))
     site = probe_overrides(hw, to_dict(compose(["hardware=cpu"]))["hardware"])
     common = ["model=tiny", f"training.steps={args.steps}", "figures=false"]
@@ -57,7 +60,7 @@ def main() -> None:
         r = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "orchestrator", *site, *common, *lay,
                             "launcher=local", f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
-        steps = [float(x["step_time_s"]) for x in read_steps(run)] if r.returncode == 0 else []
+        steps = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
         if not steps:
             print(f"{name:<9} {plan.step.wall_s:10.3f} {'failed':>10}   {r.stderr[-200:]}")
             continue

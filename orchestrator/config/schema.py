@@ -130,7 +130,7 @@ class HardwareConfig:
     # (None: cost.launch_overhead_us), and the cores the processes of a hardware=cpu run share
     # (0: one per process; more processes than cores share their time).
     launch_overhead_us: Optional[float] = None
-    host_cores: int = 0
+    host_cores: float = 0.0
     # Measured presets: host microseconds per collective call as the runtime issues it
     # (orchestrator/plan/overheads.py; 0 = not modelled, as on every GPU preset): a DTensor
     # redistribute (TP), one DTensor op above a plain one, a plain c10d call (CP, PP, the loss),
