@@ -25,6 +25,9 @@ import socket
 import time
 
 
+CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us")
+
+
 def _best(fn, repeat: int = 5, number: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -233,6 +236,5 @@ def site_preset(measured: dict, base: dict) -> dict:
               inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
               launch_overhead_us=round(measured.get("layer_op_us", measured["op_overhead_us"]), 3),
               host_cores=float(measured["host_cores"]),
-              **{k: round(g[k] / shared, 2) for k in ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us",
-                                             "fsdp_reduce_us")})
+              **{k: round(g.get(k, 0.0) / shared, 2) for k in CALL_KEYS})
     return hw

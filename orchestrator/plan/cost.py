@@ -44,7 +44,7 @@ from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import ModelMath
-from orchestrator.plan.overheads import host_calls
+from orchestrator.plan.overheads import HostCalls, host_calls
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.topology import Tier, tiers_for
 
@@ -479,6 +479,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
     constant = spec is None or _enum(spec.cost.kernel_model or spec.hardware.kernel_model) == "constant"
+    hj = HostCalls()  # host time per collective call (CPU presets the probe measured; plan/overheads.py)
     if constant:
         eff = hw.kernel_efficiency
         wall_s = total / eff
@@ -503,10 +504,13 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw,
     # The axes report what the predicted step pays.
     _paced_traffic(axes, traffic, ach.stage, bidirectional, m)
     _data_parallel(axes, tiers, d, ach.comp, m, spec, dp_gbps, commit=True)
+    for name, extra in (("dp", hj.dp_step), ("pp", hj.pp_step)):  # FSDP2's and the sends' host time
+        axes[name].seconds += extra
+        axes[name].exposed_s += extra
     axes["ep"].hidden_s = m * ach.ep_hidden
     for name, t in (("tp", ach.tp), ("cp", ach.cp), ("ep", ach.ep)):
         axes[name].exposed_s = m * t
-    tp_raw = _time(*traffic[ach.stage].tp, tiers["tp"])
+    tp_raw = _time(*traffic[ach.stage].tp, tiers["tp"]) + hj.tp_mb
     axes["tp"].seconds = m * tp_raw
     axes["tp"].hidden_s = m * (tp_raw - ach.tp)
     axes["cp"].seconds = m * ach.cp
