@@ -41,6 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=2, help="processes for the gloo probe")
+    ap.add_argument("--nice", type=int, default=10, help="niceness of the probe and the runs (both the same)")
     ap.add_argument("--probe-once", dest="probe_each", action="store_false",
                     help="one probe for every layout (default: probe again before each run)")
     args = ap.parse_args()
@@ -57,10 +58,10 @@ def main() -> None:
     common = ["model=tiny", f"training.steps={args.steps}", "figures=false"]
 
     def probe(name: str) -> tuple[list[str], dict]:
-        """The probe at the runs' own priority (nice 10), just before the run: on a shared host the
+        """The probe at the runs' own priority (--nice), just before the run: on a shared host the
         other load changes by the minute, and probe and run should see the same."""
         out = tmp / f"hardware-site-{name}.yaml"
-        subprocess.run(["nice", "-n", "10", sys.executable, "-m", "orchestrator.measure", "--probe", "--ranks",
+        subprocess.run(["nice", "-n", str(args.nice), sys.executable, "-m", "orchestrator.measure", "--probe", "--ranks",
                         str(args.ranks), "--write", str(out)], cwd=ROOT, check=True, capture_output=True)
         hw = OmegaConf.to_container(OmegaConf.load(out))
         return probe_overrides(hw, base), hw
@@ -75,7 +76,7 @@ def main() -> None:
             site, hw = probe(name)
         plan = make_plan(compose(site + common + lay))
         run = tmp / name
-        r = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "orchestrator", *site, *common, *lay,
+        r = subprocess.run(["nice", "-n", str(args.nice), sys.executable, "-m", "orchestrator", *site, *common, *lay,
                             "launcher=local", f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
         steps = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
