@@ -5,7 +5,7 @@
 
 `--probe` measures this machine's components instead (orchestrator/probe.py: GEMM rate,
 memory bandwidth, per-op overhead, gloo latency and bandwidth between N local processes,
-the cores they share) and writes a site preset built on `hardware=cpu` with them, by
+each collective call's host time as the runtime issues it, the cores' worth they get) and writes a site preset built on `hardware=cpu` with them, by
 default to outputs/probe/hardware-site.yaml under the working directory; its overrides are
 printed as one line too, so it can be used without copying it into conf/hardware/.
 
