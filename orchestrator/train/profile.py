@@ -10,7 +10,8 @@ the wall time of its outermost regions on the step's thread (nested ones counted
   the gathers, copies and gradient reduce-scatters of the sharded state);
 - pp: point-to-point sends and receives and the waits on them (the pipeline's bubble and transfers);
 - cp: the other c10d collectives (the attention's K/V all-gathers and gradient all-reduces, and
-  the step's one loss all-reduce);
+  the step's one loss all-reduce; without CP but with pipeline stages that all-reduce is where
+  the first stage waits for the pipeline to drain, so it counts as pp);
 - compute: the rest of the step (the model's ops, autograd, the optimizer).
 
 It costs one warm-up step of the profiler and one profiled step, the last two of the run (their
@@ -44,7 +45,7 @@ def part_of(name: str) -> str | None:
     return None
 
 
-def summarize(events) -> dict:
+def summarize(events, lay: dict | None = None) -> dict:
     """Parts of the step region from the profiler's events (FunctionEvent: name, time_range,
     thread, cpu_parent); seconds, and the outermost region count of each part."""
     step = next((e for e in events if e.name == STEP_REGION), None)
@@ -66,6 +67,9 @@ def summarize(events) -> dict:
         if outer:
             secs[part] += (e.time_range.end - e.time_range.start) * 1e-6
             calls[part] += 1
+    if lay and lay.get("pp", 1) > 1 and lay.get("cp", 1) == 1:
+        secs["pp"], secs["cp"] = secs["pp"] + secs["cp"], 0.0
+        calls["pp"], calls["cp"] = calls["pp"] + calls["cp"], 0
     step_s = (hi - lo) * 1e-6
     secs["compute"] = max(step_s - sum(secs.values()), 0.0)
     return {"step_s": step_s, "parts_s": secs, "regions": calls}
@@ -74,8 +78,9 @@ def summarize(events) -> dict:
 class StepProfiler:
     """Profile `training.steps - 1` on this rank (after one warm-up step) into PROFILE_JSON."""
 
-    def __init__(self, run_dir: Path, steps: int, enabled: bool):
+    def __init__(self, run_dir: Path, steps: int, enabled: bool, lay: dict | None = None):
         self.run_dir, self.steps = Path(run_dir), profiled_steps(steps) if enabled else None
+        self.lay = lay
         self.prof = None
 
     def profiled(self, step: int) -> bool:
@@ -98,7 +103,7 @@ class StepProfiler:
             self.prof.__exit__(None, None, None)
             from orchestrator import rundir
 
-            got = summarize(self.prof.events())
+            got = summarize(self.prof.events(), self.lay)
             if got:
                 (self.run_dir / rundir.PROFILE_JSON).write_text(json.dumps(dict(got, step=step), indent=1))
             self.prof = None

@@ -329,7 +329,7 @@ class Trainer:
         self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
         fault = _fault_hook(self.rank, self.spec.hardware.gpus_per_node)
         log = Logger(self.run_dir, self.plan)
-        profiler = StepProfiler(self.run_dir, tr.steps, enabled=self.leader)  # the last two steps, rank 0
+        profiler = StepProfiler(self.run_dir, tr.steps, self.leader, self.lay)  # the last two steps, rank 0
         pending, step = None, start
         while step < tr.steps:
             _fault_if_injected(self.rank, step, self.attempt)
