@@ -5,7 +5,7 @@
 
 `--probe` measures this machine's components instead (orchestrator/probe.py: GEMM rate,
 memory bandwidth, per-op overhead, gloo latency and bandwidth between N local processes,
-the cores they share) and writes a site preset built on `hardware=cpu` with them, by
+each collective call's host time as the runtime issues it, the cores' worth they get) and writes a site preset built on `hardware=cpu` with them, by
 default to outputs/probe/hardware-site.yaml under the working directory; its overrides are
 printed as one line too, so it can be used without copying it into conf/hardware/.
 
@@ -64,7 +64,7 @@ def measured_step_time(run: Path, skip_first: int = rundir.WARMUP_STEPS) -> floa
 def read_run(run: Path) -> list[Measured]:
     """One measurement per attempt of a run, each against the plan it ran."""
     by_attempt: dict[int, list[float]] = {}
-    for rec in read_steps(run, latest=False):  # every attempt measured its own layout
+    for rec in rundir.timed(read_steps(run, latest=False)):  # every attempt measured its own layout
         by_attempt.setdefault(int(rec.get("attempt", 0)), []).append(float(rec["step_time_s"]))
     if not by_attempt:
         by_attempt = {0: [measured_step_time(run, skip_first=0)]}  # TensorBoard only
@@ -167,7 +167,10 @@ def run_probe(ranks: int, write: Path | None) -> int:
           f"{measured['layer_op_us']:.1f} us per kernel of "
           f"the runtime's block (fwd+bwd); gloo "
           f"all-reduce over {g['ranks']} processes {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
-          f"{measured['host_cores']} cores")
+          f"per call as the runtime issues it: DTensor redistribute {g['tp_call_us']:.0f} us, "
+          f"+{g['dtensor_op_us']:.1f} us per DTensor op, c10d {g['c10d_call_us']:.0f} us, FSDP2 unit "
+          f"gathers {g['fsdp_gather_us']:.0f} us per micro-batch, reduce-scatter {g['fsdp_reduce_us']:.0f} us; "
+          f"{measured['host_cores']:g} cores' worth for the ranks ({measured['cores_allowed']} allowed)")
     out = write or Path("outputs") / "probe" / "hardware-site.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Measured by orchestrate-calibrate --probe on {time.strftime('%Y-%m-%d %H:%M')} "

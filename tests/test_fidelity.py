@@ -392,3 +392,27 @@ def test_deepspeed_zero3_gathers_each_submodule_and_pays_each_calls_latency():
     calls = per_module.axes["dp"].calls_per_step - per_layer.axes["dp"].calls_per_step
     assert 1e-3 < extra / calls < 20e-3  # milliseconds per call over 2,240 ranks: latency-bound
     assert per_module.step.wall_dp_exposed > 1.2 * per_layer.step.wall_dp_exposed
+
+
+def test_the_probed_call_costs_price_the_calls_this_runtime_issues():
+    """plan/overheads.py: each TP block redistributes 8 times per micro-batch (sequence-parallel
+    gathers and reduce-scatters, forward and backward) and the embedding and head 2 each; FSDP2
+    gathers each unit (4 blocks and the root) for every micro-batch and reduce-scatters it once per
+    step (the runtime turns gradient sync off before the last micro-batch). Presets without the
+    probe's call costs (every GPU preset) pay none of it."""
+    tiny = ["hardware=cpu", "hardware.kernel_model=shape", "hardware.host_cores=2", "model=tiny", "cluster.nodes=1"]
+    tp = ["hardware.gpus_per_node=2", "layout.tp=2"]
+    base, priced = plan_of(*tiny, *tp), plan_of(*tiny, *tp, "hardware.tp_call_us=1000")
+    m = base.layout.microbatches
+    assert priced.step.wall_tp - base.step.wall_tp == pytest.approx(m * (8 * 4 + 2 + 2) * 1e-3)
+    dp = ["hardware.gpus_per_node=2", "layout.dp=2"]
+    base = plan_of(*tiny, *dp)
+    priced = plan_of(*tiny, *dp, "hardware.fsdp_gather_us=1000", "hardware.fsdp_reduce_us=500")
+    m = base.layout.microbatches
+    assert priced.step.wall_dp_exposed - base.step.wall_dp_exposed == pytest.approx(5 * (m * 1e-3 + 0.5e-3))
+    assert priced.axes["dp"].exposed_s - base.axes["dp"].exposed_s == pytest.approx(5 * (m * 1e-3 + 0.5e-3))
+    four = [plan_of(*tiny, "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2", f"hardware.host_cores={c}",
+                    *extra).step.wall_tp for c in (2, 4) for extra in ([], ["hardware.tp_call_us=1000"])]
+    assert four[1] - four[0] == pytest.approx(2 * (four[3] - four[2]))  # 4 ranks on 2 cores share them
+    h100 = plan_of("recipe=llama3_405b")
+    assert h100.spec.hardware.tp_call_us == 0 and h100.spec.hardware.fsdp_gather_us == 0

@@ -130,7 +130,16 @@ class HardwareConfig:
     # (None: cost.launch_overhead_us), and the cores the processes of a hardware=cpu run share
     # (0: one per process; more processes than cores share their time).
     launch_overhead_us: Optional[float] = None
-    host_cores: int = 0
+    host_cores: float = 0.0
+    # Measured presets: host microseconds per collective call as the runtime issues it
+    # (orchestrator/plan/overheads.py; 0 = not modelled, as on every GPU preset): a DTensor
+    # redistribute (TP), one DTensor op above a plain one, a plain c10d call (CP, PP, the loss),
+    # FSDP2's per-unit gathers of one micro-batch and its per-unit gradient reduce-scatter.
+    tp_call_us: float = 0.0
+    dtensor_op_us: float = 0.0
+    c10d_call_us: float = 0.0
+    fsdp_gather_us: float = 0.0
+    fsdp_reduce_us: float = 0.0
     # FlashAttention-2's speed on this GPU relative to the fused attention kernels the fitted
     # cost.attention_efficiency describes (cuDNN / FlashAttention-3 on Hopper), for stacks that
     # run FA2 (stack.attention_kernel=flash2). 1 where FA2 is that kernel (Ampere).

@@ -44,6 +44,7 @@ from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import ModelMath
+from orchestrator.plan.overheads import HostCalls, host_calls
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.topology import Tier, tiers_for
 
@@ -513,6 +514,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
     constant = _enum(spec.cost.kernel_model or spec.hardware.kernel_model) == "constant"
+    hj = HostCalls()  # host time per collective call (CPU presets the probe measured; plan/overheads.py)
     if constant:
         eff = hw.kernel_efficiency
         wall_s = total / eff
@@ -526,18 +528,25 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         share = _core_share(hw, d)
         achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
                     for st, tt in zip(stages, traffic)]
+        host = [host_calls(st, d, stage_features(st, mm, shape).kernels * 1e6, hw, share) for st in stages]
+        comm[:] = [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)]
         ach = run(achieved)
+        hj = host[ach.stage]
         wall = {"compute": m * ach.comp, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
-                "pp_bubble": ach.bubble, "p2p": p2p, "dp_exposed": ach.dp}
+                "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step, "dp_exposed": ach.dp + hj.dp_step}
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
     # The axes report what the predicted step pays.
     paced = _paced_traffic(traffic, ach.stage, bidirectional, m)
-    tp_raw = _time(*traffic[ach.stage].tp, tiers["tp"])
+    tp_raw = _time(*traffic[ach.stage].tp, tiers["tp"]) + hj.tp_mb
     costs["tp"] = AxisCost(m * tp_raw, m * ach.tp, m * (tp_raw - ach.tp), paced["tp"])
     costs["cp"] = AxisCost(m * ach.cp, m * ach.cp, 0.0, paced["cp"])
     costs["ep"] = AxisCost(m * (ach.ep + ach.ep_hidden), m * ach.ep, m * ach.ep_hidden, paced["ep"])
     costs.update(_data_parallel(axes, d, ach.comp, m, spec, dp_gbps)[1])
+    for name, extra in (("dp", hj.dp_step), ("pp", hj.pp_step)):  # FSDP2's and the sends' host time
+        if extra:
+            c = costs.get(name, AxisCost())
+            costs[name] = replace(c, seconds=c.seconds + extra, exposed_s=c.exposed_s + extra)
     step = Step(compute=m * roof.comp, tp=m * roof.tp, cp=m * roof.cp, ep=m * roof.ep, pp_bubble=roof.bubble,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,

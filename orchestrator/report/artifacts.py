@@ -3,10 +3,11 @@ run, what is measured against it (`write_measured`: plan.md's measured section a
 measured bar; the rows come from rundir.metrics). Torch-free: the launcher calls both."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir.metrics import attempt_plan, measured_rows
+from orchestrator.rundir.metrics import attempt_plan, measured_parts, measured_rows
 
 
 def write_plan(plan, out_dir: Path, figures: bool = True, command: list[str] | None = None,
@@ -51,8 +52,10 @@ def write_measured(run_dir: Path, figures: bool | None = None) -> dict | None:
     if MEASURED_START in text:
         head, _, rest = text.partition(MEASURED_START)
         text = head + (rest.partition(MEASURED_END)[2].lstrip("\n"))
-    md.write_text(text.rstrip("\n") + "\n\n" + render_measured(rows, last["device"]))
     plan = attempt_plan(run_dir, last["attempt"])
+    prof = run_dir / rundir.PROFILE_JSON
+    parts = measured_parts(plan, json.loads(prof.read_text())) if prof.exists() else None
+    md.write_text(text.rstrip("\n") + "\n\n" + render_measured(rows, last["device"], parts))
     if figures is None:  # redraw the picture the plan left, if it left one
         figures = (run_dir / rundir.STEP_BUDGET_PNG).exists()
     out = dict(last, plan_md=md)

@@ -212,8 +212,9 @@ def render_markdown(plan, command: list[str] | None = None, overrides: list[str]
 MEASURED_START, MEASURED_END = "<!-- measured: start -->", "<!-- measured: end -->"
 
 
-def render_measured(rows: list[dict], device: str = "cuda") -> str:
-    """plan.md's measured-vs-predicted section, one row per attempt (a failover re-plans)."""
+def render_measured(rows: list[dict], device: str = "cuda", parts: list[dict] | None = None) -> str:
+    """plan.md's measured-vs-predicted section, one row per attempt (a failover re-plans), and
+    with `parts` (rundir.metrics.measured_parts) the profiled step's parts against the plan's."""
     out = [MEASURED_START, "## Measured vs predicted", "",
            "| attempt | layout | steps | measured step (median, p10-p90) | predicted step | measured / predicted "
            "| MFU measured / predicted | tokens/s measured | loss first -> last |",
@@ -231,6 +232,19 @@ def render_measured(rows: list[dict], device: str = "cuda") -> str:
     out += ["", f"The measured step is {last['ratio']:.2f}x the predicted one ({verdict}); the prediction rests "
                 f"on hardware={last['hardware']} at kernel efficiency {last['kernel_efficiency']:.3g}. "
                 f"Step times: metrics.jsonl (the first step of each attempt is warm-up, left out)."]
+    if parts:
+        step = parts[-1]
+        out += ["", f"### Per part of the step (profiled step {step.get('profiled_step')}, rank 0)", "",
+                "| part | predicted | measured | measured / predicted | profiler regions |", "|---|---|---|---|---|"]
+        for p in parts:
+            ratio = f"{p['measured_s'] / p['predicted_s']:.2f}x" if p["predicted_s"] > 0 else "-"
+            regions = "-" if p["regions"] is None else str(p["regions"])
+            out.append(f"| {p['part']} | {_fmt_s(p['predicted_s'])} | {_fmt_s(p['measured_s'])} | {ratio} | "
+                       f"{regions} |")
+        out += ["", "Measured by torch.profiler over one step (train/profile.py; it and its warm-up step are "
+                    "left out of the step times): each collective part is the wall time of its outermost "
+                    "regions (tp: DTensor redistributes; dp: FSDP2's gathers and reduce-scatters; pp: sends "
+                    "and receives, with the bubble; cp: the other c10d collectives), compute the rest."]
     if device == "cpu":
         out += ["", "On a CPU preset the kernel efficiency is fitted to demo runs on one machine: it lumps Python, "
                     "gloo and scheduling overhead with the arithmetic, so the prediction means this machine's speed "

@@ -29,6 +29,7 @@ from typing import Any
 PLAN_JSON, PLAN_MD = "plan.json", "plan.md"
 CLUSTER_PNG, STEP_BUDGET_PNG = "cluster.png", "step_budget.png"
 METRICS_JSONL, METRICS_JSON = "metrics.jsonl", "metrics.json"
+PROFILE_JSON = "profile.json"  # one profiled step split into the predicted parts (train/profile.py)
 FAILOVER_JSON, STATUS_JSON = "failover.json", "status.json"
 RUN_MANIFEST = "manifest.json"  # the run's: command, code, versions (a save's file list: checkpoints.FILES_JSON)
 SWEEP_JSON, SLURM_JOBS = "sweep.json", "slurm_jobs.jsonl"
@@ -132,6 +133,14 @@ def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
     return []
 
 
+PROFILED = "profiled"  # a metrics.jsonl record's flag: the step ran under the profiler (or its warm-up)
+
+
+def timed(records: list[dict]) -> list[dict]:
+    """The step records whose times count: the profiled ones left out (unless nothing else is left)."""
+    return [r for r in records if not r.get(PROFILED)] or list(records)
+
+
 def measured(times: list[float], warmup: int = WARMUP_STEPS) -> list[float]:
     """The step times that count for one attempt: its first `warmup` left out when more remain."""
     return list(times[warmup:]) if len(times) > warmup else list(times)
@@ -150,7 +159,7 @@ def last_attempt_times(run_dir: Path) -> list[float]:
     """The step times of the run's latest measured attempt, in the order they ran."""
     every = read_steps(run_dir, latest=False)
     last = max((int(r.get("attempt", 0)) for r in every), default=0)
-    return [float(r["step_time_s"]) for r in every if int(r.get("attempt", 0)) == last]
+    return [float(r["step_time_s"]) for r in timed([r for r in every if int(r.get("attempt", 0)) == last])]
 
 
 # ---- JSON -----------------------------------------------------------------------------------

@@ -35,6 +35,24 @@ def attempt_plan(run_dir: Path, attempt: int) -> dict:
     return json.loads(rundir.attempt_plan_path(run_dir, attempt).read_text())
 
 
+# The profiled parts of a step (train/profile.py) and the plan's parts each is measured against.
+PROFILED_PARTS = {"compute": ("compute",), "tp": ("tp",), "cp": ("cp", "ep"), "dp": ("dp_exposed",),
+                  "pp": ("pp_bubble", "p2p")}
+
+
+def measured_parts(plan: dict, profile: dict) -> list[dict]:
+    """One row per part of the step: predicted (plan.json's wall_* parts) against measured (the
+    profiled step's), seconds and the profiled step's outermost regions of that part."""
+    step = plan.get("step") or {}
+    rows = []
+    for part, keys in PROFILED_PARTS.items():
+        rows.append({"part": part, "predicted_s": sum(step.get("wall_" + k, 0.0) for k in keys),
+                     "measured_s": profile["parts_s"].get(part, 0.0), "regions": profile["regions"].get(part, 0)})
+    rows.append({"part": "step", "predicted_s": step.get("wall_s", 0.0), "measured_s": profile["step_s"],
+                 "regions": None, "profiled_step": profile.get("step")})
+    return rows
+
+
 def measured_rows(run_dir: Path) -> list[dict]:
     """One row per attempt: the steps it ran (counted or later redone) against the plan it ran."""
     run_dir = Path(run_dir)
@@ -47,7 +65,7 @@ def measured_rows(run_dir: Path) -> list[dict]:
         plan = attempt_plan(run_dir, attempt)
         if not plan.get("step"):
             continue
-        stats = step_stats([float(r["step_time_s"]) for r in recs])
+        stats = step_stats([float(r["step_time_s"]) for r in rundir.timed(recs)])
         hw = plan["config"]["hardware"]
         tr = plan["config"]["training"]
         losses = [r.get("loss") for r in recs if r.get("loss") is not None]

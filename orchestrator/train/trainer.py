@@ -38,6 +38,7 @@ from orchestrator.train import world
 from orchestrator.train.model import cp_shard
 from orchestrator.train.moe import ExpertSteps
 from orchestrator.train.parallel import build_model_parts, sync_replicas
+from orchestrator.train.profile import StepProfiler
 from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
 
@@ -225,7 +226,10 @@ class Trainer:
             else:
                 model = self.parts[0][1]
                 local = 0.0
+                sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's root (dp_shard x cp > 1)
                 for k in range(run):
+                    if sync is not None:  # accumulate unsharded; reduce-scatter once, after the last micro-batch
+                        sync(k == run - 1)
                     loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b])
                     (loss * self._weight).backward()
                     local += _scalar(loss)
@@ -325,17 +329,18 @@ class Trainer:
         self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
         fault = _fault_hook(self.rank, self.spec.hardware.gpus_per_node)
         log = Logger(self.run_dir, self.plan)
+        profiler = StepProfiler(self.run_dir, tr.steps, self.leader, self.lay)  # the last two steps, rank 0
         pending, step = None, start
         while step < tr.steps:
             _fault_if_injected(self.rank, step, self.attempt)
             world.beat(self.run_dir, step, "begin")
             t0 = time.perf_counter()
-            loss = self.train_step(step)
+            loss = profiler.run(step, lambda: self.train_step(step))
             if loss is None:
                 continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
             world.beat(self.run_dir, step, "end")
-            self._record(log, step, loss, dt)
+            self._record(log, step, loss, dt, profiler.profiled(step))
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
                 pending = self.save(step + 1, pending, fault if fault and step + 1 == fault.step else None)
@@ -372,7 +377,7 @@ class Trainer:
             return self._stop_flag
         return world.host_reduce([1.0 if self.should_stop() else 0.0], dist.ReduceOp.MAX)[0] > 0
 
-    def _record(self, log: Logger, step: int, loss: float, dt: float) -> None:
+    def _record(self, log: Logger, step: int, loss: float, dt: float, profiled: bool = False) -> None:
         tr, plan = self.spec.training, self.plan
         mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         if self.device.type == "cuda":
@@ -395,7 +400,8 @@ class Trainer:
         if self.leader:
             with open(self.run_dir / rundir.METRICS_JSONL, "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
-                                    "dp": self.lay["dp"], "time": time.time()}) + "\n")
+                                    "dp": self.lay["dp"], "time": time.time(),
+                                    **({rundir.PROFILED: True} if profiled else {})}) + "\n")
 
     def _expert_scalars(self) -> dict:
         """Load balance and all-to-all traffic of the step (collective: every rank's bytes)."""

@@ -1,0 +1,43 @@
+"""plan.md after a real run shows the profiled step per part (compute, each axis's collectives)
+against the plan's parts; the profiled steps are left out of the measured step."""
+import json
+import re
+
+from conftest import run_cli
+
+from orchestrator import rundir
+
+COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "cluster.nodes=1",
+          "hardware.gpus_per_node=4", "layout.tp=2", "layout.dp=2", "training.steps=5"]
+
+
+def _seconds(cell: str) -> float:
+    num, unit = re.match(r"([0-9.]+)\s*(ms|us|µs|s|min)", cell.strip()).groups()
+    return float(num) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60.0}[unit]
+
+
+def test_plan_md_has_the_measured_parts_of_a_profiled_step(tmp_path):
+    r = run_cli(COMMON, tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run = tmp_path / "run"
+    prof = json.loads((run / rundir.PROFILE_JSON).read_text())
+    assert prof["step"] == 4  # the last step, after one warm-up step under the profiler
+    recs = rundir.read_steps(run)
+    assert [r["step"] for r in recs if r.get(rundir.PROFILED)] == [3, 4]
+    assert len(rundir.timed(recs)) == 3
+    # TP2 x DP2: DTensor's redistributes and FSDP2's regions were seen, CP's and PP's were not
+    assert prof["regions"]["tp"] > 0 and prof["regions"]["dp"] > 0
+    assert prof["regions"]["pp"] == 0
+    text = (run / rundir.PLAN_MD).read_text()
+    section = text.split("### Per part of the step", 1)[1]
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(r"^\| (\w+) \| ([^|]+) \| ([^|]+) \|", section, re.M)
+            if m.group(1) != "part"}
+    assert set(rows) >= {"compute", "tp", "cp", "dp", "pp", "step"}
+    measured = {k: _seconds(v[1]) for k, v in rows.items()}
+    assert measured["tp"] > 0 and measured["dp"] > 0 and measured["compute"] > 0
+    parts = sum(v for k, v in measured.items() if k != "step")
+    assert abs(parts - measured["step"]) <= 0.02 * measured["step"] + 2e-3  # the parts make up the step
+    # the profiled step is a step like the others (the profiler's overhead is not most of it)
+    median = rundir.measured_step_s([r["step_time_s"] for r in rundir.timed(recs)])
+    assert median / 3 < prof["step_s"] < 3 * median
+    assert _seconds(rows["step"][0]) > 0  # the predicted step beside it
