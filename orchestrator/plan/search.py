@@ -1,7 +1,8 @@
 """layout=auto: choose TP, CP, PP, DP (EP), virtual stages, micro-batch, recompute and
-schedule with the plan's own model, following seed 1's procedure.
-
-Seed 1 says: TP up to the node (and the KV-head count), CP only if the sequence
+schedule with the plan's own model, following the published procedure: Llama 3 (Dubey et al.
+2024, arXiv:2407.21783, section 3.3.2, order [TP, CP, PP, DP]) and Megatron-LM (Narayanan et
+al. 2021, arXiv:2104.04473, section 3.4, takeaways 1-3):
+TP up to the node (and the KV-head count), CP only if the sequence
 does not fit, PP deep enough and no deeper, DP fills the rest, then as many
 micro-batches as the global batch allows. The search enumerates exactly those
 degrees (TP divides the node and the heads, CP a power of two the sequence
