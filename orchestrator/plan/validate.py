@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator.config.errors import Problem
 from orchestrator.config.schedules import SCHEDULES
-from orchestrator.config.schema import Config
+from orchestrator.config.schema import Config, PipelineAccounting
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.topology import OrderError, parse_order
 
@@ -156,8 +156,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
 
 def _rules(spec: Config) -> str:
     """Whose rules apply where the frameworks differ: "torch" or "megatron" (stack.pipeline_rules)."""
-    r = spec.stack.pipeline_rules
-    return getattr(r, "value", r)
+    return spec.stack.pipeline_rules.value
 
 
 def _written(order) -> list[str] | None:
@@ -397,7 +396,7 @@ def accounted_chunks(stack, L: int, p: int, n: int) -> list[int] | None:
     layers plus those two split evenly over pp x vp, the first and last stage build one fewer).
     `n`: virtual stages (pp x model chunks per rank). None where only transformer layers fill
     the stages."""
-    mode = str(getattr(stack.pipeline_accounting, "value", stack.pipeline_accounting))
+    mode = stack.pipeline_accounting.value
     if p < 2 or mode == "layers" or (mode == "auto" and L % n == 0) or (L + 2) % n or (L + 2) // n < 1:
         return None
     sizes = [(L + 2) // n] * n
@@ -442,7 +441,7 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
     if L % (p * chunks) == 0 and accounted is None:
         return [L // p] * p
     if accounted is not None:
-        if str(getattr(spec.stack.pipeline_accounting, "value", spec.stack.pipeline_accounting)) == "auto":
+        if spec.stack.pipeline_accounting == PipelineAccounting.auto:
             warnings.append(f"model.layers={L} does not split into pp({p}) x {chunks} chunk(s); planned with the "
                             f"embedding and the loss counted as a layer each ({L} + 2 = {L + 2}), as Megatron-Core "
                             f"runs it with --account-for-embedding-in-pipeline-split and "

@@ -23,7 +23,7 @@ from orchestrator import rundir
 from orchestrator.rundir import EXIT_STOPPED, RankExit
 from orchestrator.train.trainer import Trainer
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("orchestrator.train.worker")  # not __name__: "__main__" under python -m
 
 SLURM_ENV = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
              "GROUP_RANK": "SLURM_NODEID"}
