@@ -49,7 +49,7 @@ class Candidate:
 def _variant(spec: Config, c: Candidate, *, schedule: str, vp: int, recompute: str, micro_batch: int) -> Config:
     """spec with this layout; the model and hardware are shared, not copied."""
     L = spec.model.layers
-    own = accounted_chunks(spec.stack, L, c.pp, c.pp * SCHEDULES[schedule].chunks(vp))
+    own = accounted_chunks(spec.stack.pipeline_accounting, L, c.pp, c.pp * SCHEDULES[schedule].chunks(vp))
     layout = dataclasses.replace(spec.layout, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, vp=vp, search=False,
                                  stage_layers=uneven_split(L, c.pp) if L % c.pp and own is None else None)
     training = dataclasses.replace(spec.training, recompute=Recompute(recompute), micro_batch=micro_batch)
