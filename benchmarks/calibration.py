@@ -84,8 +84,8 @@ def _intervals(ev, write: bool) -> None:
 
     table = build_table([p for ps in ev.after_loso.values() for p in ps])
     cov = coverage(ev.after_loso)
-    print(f"\n80% MFU interval coverage per source family (true MFU inside the interval of its leave-one-source-"
-          f"out prediction): shipped table | table without the family's own residuals")
+    print("\n80% MFU interval coverage per source family (true MFU inside the interval of its leave-one-source-"
+          "out prediction): shipped table | table without the family's own residuals")
     tot = [0, 0, 0, 0]
     for fam, (shipped, nested, n_iv, n) in sorted(cov.items()):
         tot = [a + b for a, b in zip(tot, (shipped, nested, n_iv, n))]

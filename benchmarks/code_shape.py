@@ -1,4 +1,5 @@
-"""The shape of the code: import cycles, imports against the layers, long files and functions.
+"""The shape of the code: import cycles, imports against the layers, long files and functions,
+and how many files adding a trainer, a launcher or a schedule touches.
 
 Layers run one way: config/rundir -> plan -> report/published -> launch/train, and the CLI
 sits on top. Lazy
@@ -118,6 +119,47 @@ def long_functions(pkg: Path, limit: int) -> list[tuple[str, int]]:
     return sorted(out, key=lambda x: -x[1])
 
 
+# What adding one more of a kind touches, found from an existing one of that kind: the files
+# that spell it where the code enumerates its kind (an enum member `Enum.name`; the name as a
+# string compared, used as a dict key, registered as a call's first argument or an enum
+# value), plus its own preset or module (conf/<group>/<name>.yaml, <dir>/<name>.py).
+KINDS = {  # kind: (an existing one, its enum, the folders its own files live in)
+    "trainer": ("torchtitan", "TrainerName", ("conf/trainer", "orchestrator/plan")),
+    "launcher": ("local", "LauncherName", ("orchestrator/launch",)),
+    "schedule": ("interleaved_1f1b", "Schedule", ()),
+}
+
+
+def _spells(tree: ast.AST, name: str, enum: str) -> bool:
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.value, ast.Name) and n.value.id == enum:
+            return True
+        if isinstance(n, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == name
+                                              for c in [n.left, *n.comparators]):
+            return True
+        if isinstance(n, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == name for k in n.keys):
+            return True
+        if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == name:
+            return True
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value == name and \
+                any(isinstance(t, ast.Name) and t.id == name for t in n.targets):
+            return True
+    return False
+
+
+def touched_by(kind: str, root: Path = ROOT) -> list[str]:
+    """The files that adding one more `kind` touches (tests not counted)."""
+    name, enum, own = KINDS[kind]
+    out = set()
+    for f in sorted((root / "orchestrator").rglob("*.py")):
+        if _spells(ast.parse(f.read_text()), name, enum):
+            out.add(str(f.relative_to(root)))
+    for d in own:
+        for f in (root / d).glob(f"{name}.*"):
+            out.add(str(f.relative_to(root)))
+    return sorted(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default=str(ROOT / "orchestrator"))
@@ -139,6 +181,9 @@ def main() -> None:
     print(f"functions over 60 lines: {len(fns)}")
     for f, n in fns:
         print(f"  {f}: {n}")
+    for kind in KINDS:
+        files = touched_by(kind, pkg.parent)
+        print(f"adding a {kind} touches {len(files)} files (as {KINDS[kind][0]!r} does): {', '.join(files)}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ The children run with bytecode caching on, as an installed package runs (pip wri
 (PYTHONPYCACHEPREFIX), filled by a first round that is not counted. Without caches every
 run would compile the orchestrator's modules from source, a cost the bare app mostly avoids.
 
-Run: .venv/bin/python benchmarks/planner_speed.py [--runs N]
+Run: .venv/bin/python benchmarks/planner_speed.py [--runs N] [--config SUBSTRING] [--no-sweep]
 """
 from __future__ import annotations
 
@@ -84,6 +84,8 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--config", default="", help="only the configurations whose name contains this")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the 1,000-point sweep and the in-process times")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         bare = Path(tmp) / "bare_hydra_app.py"
@@ -91,6 +93,8 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         for name, overrides in CONFIGS.items():
+            if args.config not in name:
+                continue
             variants = {
                 "bare Hydra app": [sys.executable, str(bare), *overrides],
                 "dry run (figures)": [sys.executable, "-m", "orchestrator", *overrides, "launcher=dry"],
@@ -112,6 +116,12 @@ def main() -> None:
             for k in variants:
                 w, c = statistics.median(walls[k]), statistics.median(cpus[k])
                 print(f"  {k:<24} wall {w:6.3f} s ({w / base_w:4.2f}x)   CPU {c:6.3f} s ({c / base_c:4.2f}x)")
+            mins = {k: (min(walls[k]), min(cpus[k])) for k in variants}
+            print("  min of the runs: " + ", ".join(f"{k} {w / mins['bare Hydra app'][0]:.2f}x wall, "
+                                                    f"{c / mins['bare Hydra app'][1]:.2f}x CPU"
+                                                    for k, (w, c) in mins.items() if k != "bare Hydra app"))
+        if args.no_sweep:
+            return
         sweep = [sys.executable, "-m", "orchestrator", "-m", *SWEEP]
         walls, cpus = zip(*(timed(sweep + [f"hydra.sweep.dir={tmp}/sweep{i}"], env) for i in range(2)))
         print(f"1,000-point dry sweep (orchestrate -m): wall {min(walls):6.2f} s   CPU {min(cpus):6.2f} s "

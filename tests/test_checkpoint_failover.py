@@ -3,12 +3,15 @@
 Real processes with gloo, real DCP files on a local path, a file:// URL and an S3
 object store (moto's server) through s3fs."""
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import losses_by_step, run_cli, samples_read
+from conftest import ROOT, losses_by_step, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16"]
@@ -53,8 +56,15 @@ def _checkpoint_content(ckpt: Path, tmp: Path) -> dict:
 def test_checkpoint_reshards_into_another_layout(tmp_path, saved, uninterrupted, source, layout):
     dump = tmp_path / "dump"
     url = f"file://{saved[source]}" if source == "a" else str(saved[source])
-    run(tmp_path, "load", *layout, "training.steps=3", f"training.checkpoint.dir={url}",
-        env={"ORCH_DUMP_AFTER_LOAD": str(dump)})
+    # the plan (a dry run), then the trainer on it through a test-side wrapper that dumps what it loaded
+    run(tmp_path, "load", *layout, "training.steps=3", f"training.checkpoint.dir={url}", "launcher=dry")
+    plan_dir = tmp_path / "load" / "run"
+    world = json.loads((plan_dir / "plan.json").read_text())["world_size"]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                        str(Path(__file__).parent / "load_and_dump.py"), str(plan_dir), str(dump)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     saved_state = _checkpoint_content(saved[source], tmp_path)
     loaded = {"model": {}, "optim": {}}
     for f in dump.glob("rank*.pt"):

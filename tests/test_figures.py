@@ -19,7 +19,7 @@ from orchestrator.rundir import read_steps
 
 DEMO = ["hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=4", "model=tiny", "layout.tp=2", "layout.pp=2",
         "layout.dp=2", "schedule=1f1b"]
-SEED1_512 = ["hardware=h100_sxm", "model=llama3_70b", "cluster.nodes=64", "layout.tp=8"]
+LLAMA70B_512 = ["hardware=h100_sxm", "model=llama3_70b", "cluster.nodes=64", "layout.tp=8"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -29,8 +29,8 @@ def demo():
 
 
 @pytest.fixture(scope="module")
-def seed512():
-    return plan_of(*SEED1_512)
+def llama70b_512():
+    return plan_of(*LLAMA70B_512)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def test_matplotlib_figure_is_the_same_scene(demo):
     assert len(one["panels"]) == 1 and one["axis"] == "pp" and one["outlined_nodes"] == []
 
 
-def test_512_gpus_every_node_drawn_and_readable(seed512):
-    scene, data = cluster_scene(seed512)
+def test_512_gpus_every_node_drawn_and_readable(llama70b_512):
+    scene, data = cluster_scene(llama70b_512)
     assert data["detailed"] == ["tp", "dp"] and data["window_ranks"] == 512
     tp, dp = _panel(data, "tp"), _panel(data, "dp")
     assert tp["nodes_shown"] == 64 and tp["outlined_nodes"] == [] and tp["groups"] == 64

@@ -32,8 +32,8 @@ INTENDED = {
     "memory": ("the planner refuses a layout whose stage does not fit in GPU memory before anything is queued; "
                "Megatron starts it and fails with out-of-memory at the first step",
                lambda e: e.key == "hardware.gpu_memory_gb, training.recompute, layout"),
-    "cross_node_tp": ("tensor parallelism across nodes moves its 4 collectives per layer onto the network (seed 1: "
-                      "1.61 s instead of 179 ms per micro-batch); Megatron runs it, the planner asks for "
+    "cross_node_tp": ("tensor parallelism across nodes moves its 4 collectives per layer onto the network (the worked "
+                      "example: 1.61 s instead of 179 ms per micro-batch); Megatron runs it, the planner asks for "
                       "layout.allow_cross_node_tp=true first",
                       lambda e: e.key == "layout.tp" and "allow_cross_node_tp" in e.fix),
 }

@@ -2,7 +2,6 @@
 damaged checkpoints (reported as such, skipped, the previous intact one loaded); a resume
 that would change the data stream; signals and closed pipes."""
 import json
-import os
 import signal
 import subprocess
 import sys

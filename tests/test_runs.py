@@ -7,11 +7,10 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, losses_by_step, run_cli
+from conftest import ROOT, losses_by_step
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "cluster.nodes=1",
           "hardware.gpus_per_node=2", "layout.dp=2", "training.steps=20", "training.checkpoint.every=2"]

@@ -132,3 +132,28 @@ def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):
     assert not res.ok and res.failed_rank == 3 and res.failed_node == 1
     assert "SIGKILL" in res.cause and "rank 3" in res.cause
     assert not any(alive(pid) for pid in res.pids)
+
+
+def test_a_rank_logs_with_its_rank_and_level_and_exits_with_the_status_only_at_its_entry_point(tmp_path):
+    """A rank that cannot run (its WORLD_SIZE is not the plan's) ends with exit status 1 and one
+    ERROR line in its log, `[rank N] ERROR ...`, naming both numbers: no traceback. The console
+    shows the same line without the rank prefix (rundir.rank_message)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from orchestrator import compose, make_plan, rundir
+    from orchestrator.plan.artifacts import write_plan
+
+    run = tmp_path / "run"
+    write_plan(make_plan(compose([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2"])), run,
+               figures=False)
+    env = dict(os.environ, RANK="1", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "orchestrator.train.worker", str(run)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == rundir.EXIT_FAILED, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if "WORLD_SIZE" in x]
+    assert line.startswith("[rank 1] ERROR the job has WORLD_SIZE 3 but the plan needs 2")
+    assert rundir.rank_message(line).startswith("ERROR the job has WORLD_SIZE 3")
+    assert rundir.rank_message("[rank 12] INFO step 3/4 | loss 1.0") == "step 3/4 | loss 1.0"

@@ -1,4 +1,6 @@
-"""The acceptance numbers of seed 1 and seed 2 (DESIGN.md, 'The physics')."""
+"""The acceptance numbers of the worked examples: 512 H100 (64 x 8) with a Llama-3-70B shape, TP8 vs
+TP16 across nodes (the collectives of Shoeybi et al. 2019, arXiv:1909.08053, section 3, on 450 vs
+50 GB/s), and the GPipe bubble (p-1)/m (Huang et al. 2019, arXiv:1811.06965, section 2.3)."""
 import json
 
 import pytest
@@ -6,13 +8,13 @@ import pytest
 from conftest import plan_of
 from orchestrator.plan.cost import bubble_fraction
 
-SEED1 = ["hardware=h100_sxm", "model=llama3_70b", "cluster.nodes=64", "layout.tp=8", "layout.cp=1",
+LLAMA70B_512 = ["hardware=h100_sxm", "model=llama3_70b", "cluster.nodes=64", "layout.tp=8", "layout.cp=1",
          "layout.pp=1", "layout.dp=64", "training.seq_len=8192", "training.global_batch=2048",
          "training.micro_batch=1", "cost.attention_flops=false", "launcher=dry"]
 
 
-def test_seed1_worked_example_from_the_command_line(cli):
-    r = cli(*SEED1)
+def test_llama70b_512_worked_example_from_the_command_line(cli):
+    r = cli(*LLAMA70B_512)
     assert r.returncode == 0, r.stderr
     plan = json.loads((cli.dir / "plan.json").read_text())
     assert plan["valid"] and plan["world_size"] == 512
@@ -34,11 +36,11 @@ def test_seed1_worked_example_from_the_command_line(cli):
 
 
 def _tp16(*extra):
-    args = [a for a in SEED1 if not a.startswith(("layout.tp", "layout.dp", "launcher"))]
+    args = [a for a in LLAMA70B_512 if not a.startswith(("layout.tp", "layout.dp", "launcher"))]
     return plan_of(*args, "layout.tp=16", "layout.dp=32", *extra)
 
 
-def test_seed1_tp16_moves_80_5_gb_onto_the_network():
+def test_llama70b_512_tp16_moves_80_5_gb_onto_the_network():
     plan = _tp16("layout.allow_cross_node_tp=true")
     assert plan.valid
     tp = plan.axes["tp"]
@@ -54,7 +56,7 @@ def test_seed1_tp16_moves_80_5_gb_onto_the_network():
     assert nv.axes["tp"].exposed_s / nv.layout.microbatches == pytest.approx(0.179, rel=0.01)
 
 
-def test_seed1_tp16_is_rejected_by_default_and_explained():
+def test_llama70b_512_tp16_is_rejected_by_default_and_explained():
     plan = _tp16()
     assert not plan.valid
     (err,) = [e for e in plan.errors if e.key == "layout.tp"]
@@ -63,16 +65,16 @@ def test_seed1_tp16_is_rejected_by_default_and_explained():
 
 
 @pytest.mark.parametrize("p,m,expected", [(4, 8, 0.273), (4, 32, 0.086)])
-def test_seed2_gpipe_bubble(p, m, expected):
+def test_gpipe_gpipe_bubble(p, m, expected):
     assert bubble_fraction(p, m, "gpipe") == pytest.approx(expected, abs=0.002)
 
 
-def test_seed2_smallest_m_under_10_percent_for_8_stages():
+def test_gpipe_smallest_m_under_10_percent_for_8_stages():
     m = next(m for m in range(1, 1000) if bubble_fraction(8, m, "1f1b") < 0.10)
     assert m == 64
 
 
-def test_the_plan_reports_the_seed2_bubble():
+def test_the_plan_reports_the_gpipe_bubble():
     plan = plan_of("hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=4", "layout.tp=8", "layout.pp=4",
                    "layout.dp=1", "training.global_batch=8", "schedule=gpipe", "training.seq_len=4096")
     st = plan.step

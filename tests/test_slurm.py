@@ -146,13 +146,13 @@ def test_allocation_that_does_not_match_the_plan_stops_before_training(cluster, 
     from orchestrator import compose
     from orchestrator.config.compose import typed
     from orchestrator.launch.slurm import make_executor
-    from orchestrator.launch.srun import Supervisor
+    from orchestrator.launch.srun import BatchJob
 
     r = run_cli([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "launcher=dry"], tmp_path)
     assert r.returncode == 0
     plan_dir = tmp_path / "run"
     small = typed(compose([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=2", "launcher=slurm"]))
-    job = make_executor(small, tmp_path / "by_hand").submit(Supervisor(str(plan_dir)))
+    job = make_executor(small, tmp_path / "by_hand").submit(BatchJob(str(plan_dir)))
     with pytest.raises(Exception) as err:
         job.result()
     assert "allocation mismatch" in str(err.value) and "cluster.nodes=2" in str(err.value)

@@ -8,16 +8,16 @@ from hypothesis import strategies as st
 
 from conftest import plan_of
 from orchestrator.report.figures import draw_cluster, draw_step_budget
-from orchestrator.plan.topology import AXES, RankGrid, parse_order
+from orchestrator.plan.topology import ORDER_AXES, RankGrid, parse_order
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=st.fixed_dictionaries({a: st.sampled_from([1, 2, 3, 4, 8]) for a in AXES}),
-       order=st.permutations(list(AXES)))
+@given(sizes=st.fixed_dictionaries({a: st.sampled_from([1, 2, 3, 4, 8]) for a in ORDER_AXES}),
+       order=st.permutations(list(ORDER_AXES)))
 def test_groups_partition_the_ranks_and_coordinates_round_trip(sizes, order):
     g = RankGrid(sizes, order)
     assert g.world == int(np.prod(list(sizes.values())))
-    for axis in AXES:
+    for axis in ORDER_AXES:
         groups = g.groups(axis)
         assert groups.shape == (g.world // sizes[axis], sizes[axis])
         assert sorted(groups.ravel().tolist()) == list(range(g.world))  # a partition
@@ -47,12 +47,12 @@ def test_megatron_string_order_is_accepted():
     assert parse_order("auto") is None
 
 
-SEED1 = ["hardware=h100_sxm", "model=llama3_70b", "cluster.nodes=64", "training.seq_len=8192",
+LLAMA70B_512 = ["hardware=h100_sxm", "model=llama3_70b", "cluster.nodes=64", "training.seq_len=8192",
          "training.global_batch=2048", "cost.attention_flops=false"]
 
 
 def test_512_gpus_tp8_every_node_is_one_tp_group():
-    plan = plan_of(*SEED1, "layout.tp=8")
+    plan = plan_of(*LLAMA70B_512, "layout.tp=8")
     g = plan.grid()
     groups = g.groups("tp")
     assert groups.shape == (64, 8)
@@ -62,8 +62,8 @@ def test_512_gpus_tp8_every_node_is_one_tp_group():
 
 
 def test_512_gpus_tp16_every_group_straddles_two_nodes_and_tp_moves_to_the_network():
-    tp8 = plan_of(*SEED1, "layout.tp=8")
-    tp16 = plan_of(*SEED1, "layout.tp=16", "layout.allow_cross_node_tp=true")
+    tp8 = plan_of(*LLAMA70B_512, "layout.tp=8")
+    tp16 = plan_of(*LLAMA70B_512, "layout.tp=16", "layout.allow_cross_node_tp=true")
     groups = tp16.grid().groups("tp")
     assert all(len(set(row // 8)) == 2 for row in groups)
     assert tp16.axes["tp"].straddling_groups == 32
@@ -132,7 +132,7 @@ def test_red_outlines_exactly_where_a_group_straddles_a_node(tp, gpn, nodes):
                    f"layout.tp={tp if tp <= 8 else 8}", "layout.allow_cross_node_tp=true",
                    "training.global_batch=%d" % (gpn * nodes * 8), "training.seq_len=64")
     if tp == 16:
-        plan = plan_of(*SEED1, "layout.tp=16", "layout.allow_cross_node_tp=true")
+        plan = plan_of(*LLAMA70B_512, "layout.tp=16", "layout.allow_cross_node_tp=true")
     fig, data = draw_cluster(plan, "tp")
     g = plan.grid()
     gpn = plan.spec.hardware.gpus_per_node
@@ -155,7 +155,7 @@ def test_figures_are_written_next_to_plan_json(cli):
 
 
 def test_step_budget_compares_layouts():
-    plans = [plan_of(*SEED1, f"layout.tp={t}", "layout.allow_cross_node_tp=true") for t in (4, 8, 16)]
+    plans = [plan_of(*LLAMA70B_512, f"layout.tp={t}", "layout.allow_cross_node_tp=true") for t in (4, 8, 16)]
     fig = draw_step_budget(plans)
     bars = fig.axes[0].patches
     assert len(bars) >= 3 * 2  # arithmetic and TP at least, one bar per layout

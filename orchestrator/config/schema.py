@@ -1,7 +1,7 @@
 """Structured configs: the typed contract behind every Hydra config group.
 
 Registered in Hydra's ConfigStore so a misspelled key or a value of the wrong
-type fails at compose time with the key named. Key names follow DESIGN.md and are
+type fails at compose time with the key named. Key names are the README's and are
 stable once landed. Pure Python: no torch here.
 """
 from __future__ import annotations

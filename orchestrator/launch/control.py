@@ -291,7 +291,7 @@ def bind_address(host: str) -> str:
 
 class JobServices:
     """What a run with several copies of the state needs beside its ranks: the job's
-    rendezvous store (a process of its own, orchestrator.train.store, so it outlives any
+    rendezvous store (a process of its own, orchestrator.train.rendezvous, so it outlives any
     rank), the coordinator on a TCP port, and the job's secret (RUN_DIR/control.key, 0600).
     `env` is what every rank needs to find them (the secret by its file, not its value)."""
 
@@ -300,9 +300,9 @@ class JobServices:
         self.run_dir, self.say = Path(run_dir or plan_dir), say or (lambda text: print(text, flush=True))
         bind = bind_address(host)
         key_file = wire.make_secret(self.run_dir)
-        self.store = subprocess.Popen([sys.executable, "-m", "orchestrator.train.store", "0", bind],
+        self.rendezvous = subprocess.Popen([sys.executable, "-m", "orchestrator.train.rendezvous", "0", bind],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        port = int(self.store.stdout.readline())
+        port = int(self.rendezvous.stdout.readline())
         self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s)
         self.reported = 0
         self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
@@ -327,5 +327,5 @@ class JobServices:
     def close(self) -> None:
         self.server.close()
         self._report()
-        self.store.kill()
-        self.store.wait()
+        self.rendezvous.kill()
+        self.rendezvous.wait()

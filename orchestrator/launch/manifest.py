@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
+import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 from orchestrator import rundir
@@ -37,13 +38,29 @@ def write_config(run_dir: Path, cfg, overrides: list[str], argv: list[str]) -> N
     rundir.write_json(Path(run_dir) / rundir.RUN_MANIFEST, manifest(argv))
 
 
-def manifest(argv: list[str]) -> dict:
-    versions = {"python": platform.python_version()}
-    for name in PACKAGES:
+def installed_versions(names) -> dict[str, str]:
+    """The installed version of each named distribution, from its `NAME-VERSION.dist-info` (or
+    .egg-info) folder name on sys.path, the first found winning as for an import: what
+    importlib.metadata.version answers, without its import (a fifth of a dry run's own time)."""
+    want = {re.sub(r"[-_.]+", "_", n).lower(): n for n in names}
+    out: dict[str, str] = {}
+    for entry in sys.path:
         try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
+            items = os.scandir(entry or ".")
+        except OSError:
             continue
+        with items:
+            for d in items:
+                m = re.match(r"(.+?)-([^-]+?)(?:-py[0-9.]+)?\.(?:dist|egg)-info$", d.name)
+                if m:
+                    name = want.get(re.sub(r"[-_.]+", "_", m.group(1)).lower())
+                    if name is not None and name not in out:
+                        out[name] = m.group(2)
+    return {n: out[n] for n in names if n in out}
+
+
+def manifest(argv: list[str]) -> dict:
+    versions = {"python": platform.python_version(), **installed_versions(PACKAGES)}
     return {"command": ["orchestrate", *argv], "cwd": str(Path.cwd()), "host": socket.gethostname(),
             "time": time.time(), "versions": versions, "code": code_state(Path(__file__).resolve().parents[2])}
 
@@ -72,10 +89,7 @@ def code_state(root: Path) -> dict:
 
 
 def _own_version() -> str:
-    try:
-        return metadata.version("orchestrator")
-    except metadata.PackageNotFoundError:
-        return "(unknown version)"
+    return installed_versions(["orchestrator"]).get("orchestrator", "(unknown version)")
 
 
 def record_attempt(run_dir: Path, attempt: int, plan_dir: Path, hosts: list) -> None:

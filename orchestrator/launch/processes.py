@@ -136,10 +136,11 @@ class LocalJob:
             for line in p.stdout:
                 log.write(line)
                 log.flush()
-                if self.echo and (rank == 0 or line.startswith(ECHOED) or any(w in line for w in WARNED)):
+                said = rundir.rank_message(line)
+                if self.echo and (rank == 0 or said.startswith(ECHOED) or any(w in said for w in WARNED)):
                     with self._print_lock:
                         try:
-                            sys.stdout.write(prefix + line)
+                            sys.stdout.write(prefix + said)
                             sys.stdout.flush()
                         except (BrokenPipeError, ValueError):  # the reader went away: keep logging
                             self.echo = False

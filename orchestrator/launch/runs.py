@@ -227,7 +227,7 @@ class Tail:
         with open(path, errors="replace") as f:
             f.seek(self.pos.get(str(path), 0))
             for line in f:
-                out(prefix + line.rstrip("\n"), flush=True)
+                out(prefix + rundir.rank_message(line.rstrip("\n")), flush=True)
             self.pos[str(path)] = f.tell()
 
 

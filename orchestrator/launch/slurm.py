@@ -112,10 +112,10 @@ def submit_jobs(ex, runs: list, folder: Path, code_dir: Path | None) -> list[str
     shared resources), several as one job array; each run records its job and is queued."""
     from contextlib import nullcontext
 
-    from orchestrator.launch.srun import Supervisor
+    from orchestrator.launch.srun import BatchJob
 
     with code_from(code_dir), (ex.batch() if len(runs) > 1 else nullcontext()):
-        jobs = [ex.submit(Supervisor(str(run_dir))) for _, run_dir in runs]
+        jobs = [ex.submit(BatchJob(str(run_dir))) for _, run_dir in runs]
     for (spec, run_dir), job in zip(runs, jobs):
         record_job(run_dir, job.job_id, folder, nodes=spec.cluster.nodes)
         write_status(run_dir, state="queued", launcher="slurm", job_id=job.job_id)

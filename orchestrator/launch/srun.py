@@ -1,6 +1,6 @@
 """Inside a SLURM allocation: the supervisor that owns the job's failures, and its workers.
 
-The batch job runs `Supervisor` (submitted by launch/slurm.py with submitit, directly in
+The SLURM batch step runs `BatchJob` (submitted by launch/slurm.py with submitit, directly in
 the batch step, not under srun). It runs the same failover loop as the local launcher
 (supervisor.py) with `SrunWorkers`: each attempt is one `srun --no-kill` step on the
 nodes still alive. The job is submitted with `--no-kill`, so losing a node does not end
@@ -12,7 +12,8 @@ before the time limit, TERM first when it preempts); every rank saves at the nex
 boundary and exits with EXIT_STOPPED, and the supervisor has the job requeued (`scontrol
 requeue`, at most launcher.max_requeues times); the requeued job resumes from that
 checkpoint. When SLURM signals the batch step itself, submitit calls
-`Supervisor.checkpoint`, which forwards the signal and does the same. Limits: the supervisor lives on the allocation's first node;
+`BatchJob.checkpoint`, which forwards the signal and does the same. Limits: the supervisor
+lives on the allocation's first node;
 if that node dies the job ends (SLURM requeues it when JobRequeue allows, and the next
 supervisor resumes from the last complete checkpoint).
 """
@@ -218,7 +219,7 @@ class SrunWorkers(Workers):
             self.services = None
 
 
-class Supervisor:
+class BatchJob:
     """What the SLURM job runs (pickled by submitit): supervise the run in `run_dir` with
     the allocation SLURM gave, from wherever an earlier job of this run left it."""
 

@@ -22,9 +22,8 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.launch.processes import LocalJob
-import orchestrator.plan.torchtitan as torchtitan
 from orchestrator.plan.trainers import argv as render_argv
-from orchestrator.plan.trainers import external, rank_map
+from orchestrator.plan.trainers import external, files, rank_map
 
 PYTHONS = ("python", "python3")
 
@@ -34,12 +33,10 @@ def _plan(plan_dir: Path) -> dict:
 
 
 def prepare(plan_dir: Path) -> list[str]:
-    """This attempt's command line, and the files it names (torchtitan.toml for a split that
-    only module names express) written beside its plan."""
+    """This attempt's command line, and the files it names (plan/trainers.files) written beside its plan."""
     pj = _plan(plan_dir)
-    parts = torchtitan.module_parts(pj) if pj["config"]["trainer"]["name"] == "torchtitan" else None
-    if parts:
-        (Path(plan_dir) / "torchtitan.toml").write_text(torchtitan.config_toml(parts))
+    for name, text in files(pj).items():
+        (Path(plan_dir) / name).write_text(text)
     return render_argv(pj, Path(plan_dir))
 
 

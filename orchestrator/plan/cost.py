@@ -1,11 +1,13 @@
-"""Step-time model (seed 1): arithmetic, TP collectives, a bubble of (p-1)/m, point-to-point
+"""Step-time model: arithmetic, TP collectives, a bubble of (p-1)/m (GPipe, Huang et al. 2019,
+arXiv:1811.06965, section 2.3; Narayanan et al. 2021, arXiv:2104.04473, section 2.2.1), point-to-point
 sends between stages, data-parallel traffic hidden behind compute except what sticks out,
 read as the software stack (`stack`) runs it, on the network the fabric (`fabric`) builds.
 Each axis is costed on the tier its groups actually span, so a bad rank order shows up as
 a slower step.
 
 Per micro-batch on the slowest stage (the pipeline runs at its pace):
-- compute: at peak for the roofline budget (`total_s`, seed 1's figures); at the kernels'
+- compute: at peak for the roofline budget (`total_s`, the worked example's figures:
+  tests/test_seed_examples.py); at the kernels'
   speed for the predicted step (`wall_s`): the shape-aware kernel model (plan/kernels.py,
   cost.kernel_model=shape) or one kernel efficiency (cost.kernel_model=constant: the
   planner's first model, wall = total / hardware.kernel_efficiency)
@@ -319,7 +321,8 @@ def _dp_rounds(zero: int, weights: float, group: int, gb: float) -> tuple[float,
 
 def auto_order(axes: dict[str, AxisReport], d: Layout) -> list[str]:
     """Busiest collectives innermost: traffic that cannot hide before traffic that can,
-    then by how often it fires, then by bytes (seed 1's matching of collectives to links)."""
+    then by how often it fires, then by bytes (the matching of collectives to links of Llama 3,
+    arXiv:2407.21783, section 3.3.2)."""
     live = [a for a in axes.values() if a.name in CANONICAL_ORDER and a.size > 1 and a.calls_per_step > 0]
     live.sort(key=lambda a: (a.hideable, -a.calls_per_step, -a.bytes_per_step))
     ranked = iter(a.name for a in live)

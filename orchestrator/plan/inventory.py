@@ -1,4 +1,4 @@
-"""The byte inventory: what one GPU holds, stage by stage (seed 1: start here).
+"""The byte inventory: what one GPU holds, stage by stage (where a layout starts).
 
 Model states are 16 bytes per parameter (bf16 weights 2, bf16 gradients 2, fp32
 master weights and Adam m and v 12; the stack's `grad_bytes` for gradients: Megatron,

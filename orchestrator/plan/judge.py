@@ -24,7 +24,8 @@ def judge_cross_node_tp(plan, tier_list: list[Tier]) -> None:
     gpn = spec.hardware.gpus_per_node
     nv = tier_list[0]
     calls = a.calls_per_step / d.microbatches
-    # Transfer time alone (bytes / bandwidth), as seed 1 quotes it; the step adds latency.
+    # Transfer time alone (bytes / bandwidth), as the worked example quotes it
+    # (tests/test_seed_examples.py); the step adds latency.
     on_net = a.bytes_per_microbatch / (a.gbps * 1e9)
     on_nv = a.bytes_per_microbatch / (nv.gbps * 1e9)
     cost = (f"its {calls:.0f} collectives per micro-batch move {fmt_bytes(a.bytes_per_microbatch)} over the "
@@ -41,7 +42,8 @@ def judge_cross_node_tp(plan, tier_list: list[Tier]) -> None:
 
 
 def _secs(s: float) -> str:
-    """As seed 1 quotes them: 1.61 s, 179 ms; small runs' fractions of a millisecond too."""
+    """As the worked example quotes them (tests/test_seed_examples.py): 1.61 s, 179 ms; small
+    runs' fractions of a millisecond too."""
     return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.0f} ms" if s >= 0.01 else f"{s * 1e3:.2f} ms"
 
 
@@ -124,7 +126,7 @@ def blast_radius(plan, mm: ModelMath) -> dict:
     hw = plan.spec.hardware
     gpn, world = hw.gpus_per_node, plan.world_size
     replica_of = replica_of_rank(plan)
-    replicas = len(np.unique(replica_of))
+    replicas = len(set(replica_of.tolist()))  # (np.unique would import numpy.ma: 0.1 s of a dry run)
     per_node = np.sort(replica_of.reshape(-1, gpn) if world % gpn == 0 else replica_of.reshape(1, -1), axis=1)
     replicas_hit = int((1 + (np.diff(per_node, axis=1) != 0).sum(axis=1)).max())
     rate = hw.failures_per_gpu_hour * world  # interruptions per hour

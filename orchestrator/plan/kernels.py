@@ -277,10 +277,8 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
     return Shape(
         t=d.tp, etp=d.etp, ep=d.ep, seq=tr.seq_len, tokens=tr.seq_len / d.cp * tr.micro_batch,
         mb=tr.micro_batch,
-        fp8=tr.precision == "fp8", flash=bool(tr.flash_attention), recompute=str(tr.recompute.value
-                                                                                   if hasattr(tr.recompute, "value")
-                                                                                   else tr.recompute),
-        selective=str(getattr(stack.selective, "value", stack.selective)), sp=bool(spec.layout.sequence_parallel),
+        fp8=tr.precision == "fp8", flash=bool(tr.flash_attention), recompute=tr.recompute.value,
+        selective=stack.selective.value, sp=bool(spec.layout.sequence_parallel),
         imbalance=_clamp(getattr(moe, "load_imbalance", 0.0), 0.0, 100.0, 0.0),
         peak16=hw.peak_tflops * 1e12, gemm16=hw.peak_tflops * 1e12 * coef.gemm_efficiency,
         gemm8=fp8_peak(hw) * 1e12 * coef.gemm_efficiency * coef.fp8, hbm=hw.hbm_gbps * 1e9,

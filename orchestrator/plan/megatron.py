@@ -149,6 +149,11 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
     return out
 
 
+def files(plan_json: dict) -> dict[str, str]:
+    """Megatron's command line names no file of ours."""
+    return {}
+
+
 def framework_rank(coords: dict, plan_json: dict) -> int:
     """The RANK whose coordinates in Megatron's dense RankGenerator (the order string, first
     axis innermost: rank = sum coord x stride) are these plan coordinates."""

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from itertools import accumulate
 
+from orchestrator.config.schema import Recompute, Selective
+
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -229,10 +231,9 @@ class ModelMath:
             return l.act_selective if selective == "orchestrator" else l.act_selective_core
         return l.act_none + scores
 
-    def table(self, seq_len: int, recompute: str, flash: bool, attention: bool,
-              selective: str = "orchestrator") -> LayerTable:
-        return self._table(seq_len, str(getattr(recompute, "value", recompute)), flash, attention,
-                           str(getattr(selective, "value", selective)))
+    def table(self, seq_len: int, recompute: Recompute, flash: bool, attention: bool,
+              selective: Selective = Selective.orchestrator) -> LayerTable:
+        return self._table(seq_len, recompute.value, flash, attention, selective.value)
 
     @lru_cache(maxsize=64)
     def _table(self, seq_len: int, recompute: str, flash: bool, attention: bool, selective: str) -> LayerTable:

@@ -1,7 +1,7 @@
 """The Plan of one layout: validate, inventory, rank order, cost. Torch-free.
 
 The Plan is the contract between the planner, the launchers and the runtime:
-`Plan.to_json()` is what `plan.json` holds (DESIGN.md, "Plan contract"), and the
+`Plan.to_json()` is what `plan.json` holds (README, "Planning"), and the
 runtime builds its process groups, model chunks and data split from it alone.
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """layout=auto: choose TP, CP, PP, DP (EP), virtual stages, micro-batch, recompute and
-schedule with the plan's own model, following seed 1's procedure.
-
-Seed 1 says: TP up to the node (and the KV-head count), CP only if the sequence
+schedule with the plan's own model, following the published procedure: Llama 3 (Dubey et al.
+2024, arXiv:2407.21783, section 3.3.2, order [TP, CP, PP, DP]) and Megatron-LM (Narayanan et
+al. 2021, arXiv:2104.04473, section 3.4, takeaways 1-3):
+TP up to the node (and the KV-head count), CP only if the sequence
 does not fit, PP deep enough and no deeper, DP fills the rest, then as many
 micro-batches as the global batch allows. The search enumerates exactly those
 degrees (TP divides the node and the heads, CP a power of two the sequence
@@ -48,7 +49,7 @@ class Candidate:
 def _variant(spec: Config, c: Candidate, *, schedule: str, vp: int, recompute: str, micro_batch: int) -> Config:
     """spec with this layout; the model and hardware are shared, not copied."""
     L = spec.model.layers
-    own = accounted_chunks(spec.stack, L, c.pp, c.pp * SCHEDULES[schedule].chunks(vp))
+    own = accounted_chunks(spec.stack.pipeline_accounting, L, c.pp, c.pp * SCHEDULES[schedule].chunks(vp))
     layout = dataclasses.replace(spec.layout, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, vp=vp, search=False,
                                  stage_layers=uneven_split(L, c.pp) if L % c.pp and own is None else None)
     training = dataclasses.replace(spec.training, recompute=Recompute(recompute), micro_batch=micro_batch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from orchestrator.config.schema import Recompute, Selective
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 
@@ -31,28 +32,28 @@ class Stage:
     mtp: int = 0  # multi-token prediction modules it runs (the last stage: training.mtp_depth)
 
 
-def _frac(recompute: str, recompute_layers, layers: int, chunks: int) -> float:
+def _frac(recompute: Recompute, recompute_layers, layers: int, chunks: int) -> float:
     """The share of a stage's layers recomputed in full: all of them, or `recompute_layers`
     per model chunk (Megatron's block method)."""
-    if str(getattr(recompute, "value", recompute)) != "full":
+    if recompute != Recompute.full:
         return 0.0
     if recompute_layers is None or not isinstance(recompute_layers, int) or isinstance(recompute_layers, bool):
         return 1.0
     return min(max(recompute_layers, 0) * chunks / max(layers, 1), 1.0)
 
 
-def build_stages(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: bool,
-                 attention_flops: bool, selective: str = "orchestrator", recompute_layers=None,
+def build_stages(mm: ModelMath, d: Layout, seq_len: int, recompute: Recompute, flash: bool,
+                 attention_flops: bool, selective: Selective = Selective.orchestrator, recompute_layers=None,
                  mtp: int = 0) -> list[Stage]:
     """`selective`: what selective recompute recomputes (stack.selective; model.py);
     `recompute_layers`: with recompute=full, how many layers of each chunk (None: all);
     `mtp`: multi-token prediction modules on the last stage (training.mtp_depth)."""
-    full = 1.0 if str(getattr(recompute, "value", recompute)) == "full" else 0.0
+    full = 1.0 if recompute == Recompute.full else 0.0
     mtp = min(max(mtp, 0), 16) if isinstance(mtp, int) and not isinstance(mtp, bool) else 0
     stages = _build(mm, d, seq_len, recompute, flash, attention_flops, selective, full, mtp)
     if not full or recompute_layers is None:
         return stages
-    kept = _build(mm, d, seq_len, "none", flash, attention_flops, selective, 0.0, mtp)
+    kept = _build(mm, d, seq_len, Recompute.none, flash, attention_flops, selective, 0.0, mtp)
     out = []
     for st, no in zip(stages, kept):
         f = _frac(recompute, recompute_layers, len(st.layers), d.chunks)
@@ -62,8 +63,8 @@ def build_stages(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: 
     return out
 
 
-def _build(mm: ModelMath, d: Layout, seq_len: int, recompute: str, flash: bool, attention_flops: bool,
-           selective: str, frac: float, mtp: int = 0) -> list[Stage]:
+def _build(mm: ModelMath, d: Layout, seq_len: int, recompute: Recompute, flash: bool, attention_flops: bool,
+           selective: Selective, frac: float, mtp: int = 0) -> list[Stage]:
     tab = mm.table(seq_len, recompute, flash, attention_flops, selective)
     ranges = d.virtual_stages()
     last_stage = len(ranges) - 1

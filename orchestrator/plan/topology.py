@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-AXES = ("tp", "cp", "ep", "dp", "pp")  # the tokens of an order string (Megatron's default order)
+ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")  # the tokens of an order string (Megatron's default order)
 
 
 class OrderError(ValueError):
@@ -32,13 +32,13 @@ def parse_order(order) -> list[str] | None:
         items = [str(x).strip().lower() for x in order]
     else:
         raise OrderError(f"must be 'auto', a list of axis names or a 'tp-cp-ep-dp-pp' string, got {type(order).__name__}")
-    unknown = [x for x in items if x not in AXES]
+    unknown = [x for x in items if x not in ORDER_AXES]
     if unknown:
-        raise OrderError(f"unknown axis name(s) {unknown}; use the names {list(AXES)}")
+        raise OrderError(f"unknown axis name(s) {unknown}; use the names {list(ORDER_AXES)}")
     if len(set(items)) != len(items):
         raise OrderError(f"axis named twice in {items}")
     # Axes left out (size 1, or ep for a dense model) go outermost, in canonical order.
-    return items + [a for a in AXES if a not in items]
+    return items + [a for a in ORDER_AXES if a not in items]
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,13 @@ def config_toml(parts: list[list[str]]) -> str:
            f"module_fqns_per_model_part = [\n  {rows}\n]\n"
 
 
+def files(plan_json: dict) -> dict[str, str]:
+    """The files the command line names, written beside the plan: torchtitan.toml for a split
+    that only module names express."""
+    parts = module_parts(plan_json)
+    return {"torchtitan.toml": config_toml(parts)} if parts else {}
+
+
 def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list[str]:
     """torchtitan's CLI overrides for this plan (after trainer.command, before trainer.args);
     with a split only module names express, they point at PLAN_DIR/torchtitan.toml."""

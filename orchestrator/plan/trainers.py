@@ -119,6 +119,12 @@ def argv(plan_json: dict, plan_dir: Path) -> list[str]:
     return head + rendered + tail
 
 
+def files(plan_json: dict) -> dict[str, str]:
+    """name -> text of the files this attempt's command line names (written beside its plan)."""
+    fw = FRAMEWORKS.get(trainer_name(plan_json))
+    return fw.files(plan_json) if fw is not None else {}
+
+
 def rank_map(plan_json: dict) -> list[int]:
     """RANK for the GPU at each position (node * gpus_per_node + local index): the framework's
     rank whose coordinates in the framework's own order are the plan's at that position."""

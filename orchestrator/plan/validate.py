@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator.config.errors import Problem
 from orchestrator.config.schedules import SCHEDULES
-from orchestrator.config.schema import Config
+from orchestrator.config.schema import Config, PipelineAccounting
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.topology import OrderError, parse_order
 
@@ -145,7 +145,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
                     micro_batch=spec.training.micro_batch, microbatches=mb,
                     stage_layers=stage_layers, schedule=SCHEDULES[spec.schedule.name.value], order=order,
                     experts=spec.model.moe.experts, pipeline_rules=rules,
-                    chunk_layers=(accounted_chunks(spec.stack, spec.model.layers, lay.pp,
+                    chunk_layers=(accounted_chunks(spec.stack.pipeline_accounting, spec.model.layers, lay.pp,
                                                    lay.pp * SCHEDULES[spec.schedule.name.value].chunks(lay.vp))
                                   if lay.stage_layers is None else None))
     if order is not None:
@@ -157,8 +157,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
 
 def _rules(spec: Config) -> str:
     """Whose rules apply where the frameworks differ: "torch" or "megatron" (stack.pipeline_rules)."""
-    r = spec.stack.pipeline_rules
-    return getattr(r, "value", r)
+    return spec.stack.pipeline_rules.value
 
 
 def _written(order) -> list[str] | None:
@@ -391,15 +390,15 @@ def uneven_split(layers: int, pp: int) -> list[int] | None:
     return split if min(split) >= 1 and sum(split) == layers else None
 
 
-def accounted_chunks(stack, L: int, p: int, n: int) -> list[int] | None:
+def accounted_chunks(mode: PipelineAccounting, L: int, p: int, n: int) -> list[int] | None:
     """Transformer layers per virtual stage (pipeline order) when the stack counts the
     embedding and the loss as a layer each (stack.pipeline_accounting; Megatron-Core's
     --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the
     layers plus those two split evenly over pp x vp, the first and last stage build one fewer).
     `n`: virtual stages (pp x model chunks per rank). None where only transformer layers fill
-    the stages."""
-    mode = str(getattr(stack.pipeline_accounting, "value", stack.pipeline_accounting))
-    if p < 2 or mode == "layers" or (mode == "auto" and L % n == 0) or (L + 2) % n or (L + 2) // n < 1:
+    the stages. `mode`: stack.pipeline_accounting."""
+    if p < 2 or mode == PipelineAccounting.layers or (mode == PipelineAccounting.auto and L % n == 0) or \
+            (L + 2) % n or (L + 2) // n < 1:
         return None
     sizes = [(L + 2) // n] * n
     sizes[0] -= 1
@@ -439,11 +438,11 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
     if p > L:
         problems.append(Problem("layout.pp, model.layers", f"pp={p} stages for {L} layers.", f"use pp <= {L}."))
         return []
-    accounted = accounted_chunks(spec.stack, L, p, p * chunks)
+    accounted = accounted_chunks(spec.stack.pipeline_accounting, L, p, p * chunks)
     if L % (p * chunks) == 0 and accounted is None:
         return [L // p] * p
     if accounted is not None:
-        if str(getattr(spec.stack.pipeline_accounting, "value", spec.stack.pipeline_accounting)) == "auto":
+        if spec.stack.pipeline_accounting == PipelineAccounting.auto:
             warnings.append(f"model.layers={L} does not split into pp({p}) x {chunks} chunk(s); planned with the "
                             f"embedding and the loss counted as a layer each ({L} + 2 = {L + 2}), as Megatron-Core "
                             f"runs it with --account-for-embedding-in-pipeline-split and "
@@ -458,7 +457,7 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
                    f"(first and last stage one layer fewer, as Llama 3 405B)")
     if good_vp:
         fix.append(f"use vp in {good_vp}")
-    if accounted_chunks(type("S", (), {"pipeline_accounting": "embedding_loss"}), L, p, p * chunks):
+    if accounted_chunks(PipelineAccounting.embedding_loss, L, p, p * chunks):
         fix.append("count the embedding and the loss as a layer each (stack.pipeline_accounting=embedding_loss, "
                    "Megatron-Core's --account-for-embedding/loss-in-pipeline-split)")
     fix.append(f"use pp in {[d for d in _divisors(L) if 1 < d <= 128][:8]}")

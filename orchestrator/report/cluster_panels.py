@@ -73,7 +73,7 @@ def detail_panel(plan, axis: str, window: int, tiers, cell_w: float, cell_h: flo
     cells = group_of.reshape(rows, gpn)
     node_sets = inside // gpn
     straddle = node_sets.min(axis=1) != node_sets.max(axis=1)
-    outlined = sorted({int(n) for gi in np.nonzero(straddle)[0] for n in np.unique(node_sets[gi])})
+    outlined = sorted({int(n) for gi in np.nonzero(straddle)[0] for n in set(node_sets[gi].tolist())})
     K = len(GROUP_COLOURS)
     # Groups that are not one block of cells can only be told apart by colour: when there are
     # more of them than colours, colour the first K and leave the rest (the same pattern) grey.
@@ -147,7 +147,7 @@ def footprint_panel(plan, axis: str, window: int, tiers, left: float, top: float
     size = max(4.0, min(14.0, 512.0 / cols))
     groups = axis_grid(plan, axis).groups(AXES[axis].members)
     g0 = groups[0]
-    g0_nodes = np.unique(g0 // gpn)
+    g0_nodes = np.array(sorted(set((g0 // gpn).tolist())))  # (np.unique imports numpy.ma: 0.1 s)
     hit = np.zeros(cells, dtype=bool)
     hit[g0_nodes // unit] = True
     shade = [t for t in tiers if t.size % gpn == 0 and gpn < t.size < plan.world_size]
@@ -163,7 +163,7 @@ def footprint_panel(plan, axis: str, window: int, tiers, left: float, top: float
         for c in range(wcells):
             r, k = divmod(c, cols)
             panel.items.append(Rect(k, r, 1, 1, fill=None, edge="#000000", lw=1.0))
-    blocks_hit = {t.name: int(len(np.unique(g0 // t.size))) for t in shade}
+    blocks_hit = {t.name: len(set((g0 // t.size).tolist())) for t in shade}
     crossing = {t.name: int(((groups // t.size).min(axis=1) != (groups // t.size).max(axis=1)).sum()) for t in shade}
     data = {"axis": axis, "kind": "footprint", "size": int(groups.shape[1]), "groups": int(len(groups)),
             "nodes_per_cell": unit, "group0_nodes": int(len(g0_nodes)), "group0_blocks": blocks_hit,

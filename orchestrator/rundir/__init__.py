@@ -61,6 +61,26 @@ EXIT_NO_PROGRESS = 7  # attempts kept failing at the same step: a requeue would 
 EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # Ctrl-C; the output pipe was closed
 
 
+class RankExit(Exception):
+    """The runtime ends this rank with `status` (one of the EXIT_* above): raised where the
+    reason is known, turned into the exit status only at the rank's entry point (train/worker.py)."""
+
+    def __init__(self, status: int, message: str = ""):
+        super().__init__(message or f"exit status {status}")
+        self.status, self.message = status, message
+
+
+# ---- rank log lines -------------------------------------------------------------------------
+RANK_LOG_FORMAT = "[rank {rank}] %(levelname)s %(message)s"  # logs/rank<N>.log, one line a record
+_RANK_PREFIX = re.compile(r"^\[rank \d+\] (?:INFO )?")
+
+
+def rank_message(line: str) -> str:
+    """A rank log line without its rank prefix (and level, when INFO): what the console echoes
+    after its own [node rank] prefix, and what launchers match ("step ", "resumed from")."""
+    return _RANK_PREFIX.sub("", line, count=1)
+
+
 # ---- attempts -------------------------------------------------------------------------------
 def attempt_dir(run_dir: Path, attempt: int) -> Path:
     """Where attempt N's plan lives: the run directory for attempt 0, else attempt<N>/."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.rundir import checkpoints as store
+from orchestrator.rundir import checkpoints as saves
 
 
 def _options():
@@ -40,24 +40,24 @@ class PendingSave:
         if self.future is not None:
             self.future.result()
         dist.barrier(group=self.group)
-        mine = store.digest_own_files(self.url, self.step, self.rank)
+        mine = saves.digest_own_files(self.url, self.step, self.rank)
         everyone = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(everyone, mine, group=self.group)
         if self.rank == 0:
             files = {k: v for part in everyone for k, v in part.items()}
-            files.update(store.digest_own_files(self.url, self.step, None))
-            store.write_file_list(self.url, self.step, files)
+            files.update(saves.digest_own_files(self.url, self.step, None))
+            saves.write_file_list(self.url, self.step, files)
             _mark_complete(self.url, self.step, self.meta, self.keep)
         dist.barrier(group=self.group)
 
 
 def _mark_complete(url: str, step: int, meta: dict, keep: int) -> None:
-    fs, p = store.fs_of(store.step_dir(url, step))
+    fs, p = saves.fs_of(saves.step_dir(url, step))
     with fs.open(f"{p}/meta.json", "w") as f:
         json.dump(meta, f, indent=1)
-    with fs.open(f"{p}/{store.MARKER}", "w") as f:
+    with fs.open(f"{p}/{saves.MARKER}", "w") as f:
         f.write(str(step))
-    store.clean_incomplete(url, keep=keep)
+    saves.clean_incomplete(url, keep=keep)
 
 
 def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: int, fault_hook=None,
@@ -69,9 +69,9 @@ def save(url: str, step: int, parts, optimizers, meta: dict, rank: int, keep: in
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    path = store.step_dir(url, step)
+    path = saves.step_dir(url, step)
     if rank == 0:
-        store.clean_incomplete(url)
+        saves.clean_incomplete(url)
     dist.barrier()
     model, optim = state_dicts(parts, optimizers)
     if fault_hook is not None:
@@ -95,14 +95,14 @@ def load_intact(url: str, parts, optimizers, on_damaged=None) -> int | None:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    for step in store.complete_steps(url):
-        mine = store.verify(url, step, part=rank, parts=world)
+    for step in saves.complete_steps(url):
+        mine = saves.verify(url, step, part=rank, parts=world)
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         problems = [p for part in everyone for p in part]
         if problems:
             if rank == 0:
-                store.mark_damaged(url, step, problems)
+                saves.mark_damaged(url, step, problems)
                 if on_damaged is not None:
                     on_damaged(step, problems)
             dist.barrier()
@@ -120,7 +120,7 @@ def load(url: str, step: int, parts, optimizers) -> None:
 
     model, optim = state_dicts(parts, optimizers)
     state = {"model": model, "optim": optim}
-    dcp.load(state, storage_reader=FsspecReader(store.step_dir(url, step)))
+    dcp.load(state, storage_reader=FsspecReader(saves.step_dir(url, step)))
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     for (_, part), opt in zip(parts, optimizers):

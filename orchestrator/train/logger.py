@@ -2,9 +2,12 @@
 first rank of the current generation: after an in-place failover that may change)."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from orchestrator import rundir
+
+log = logging.getLogger(__name__)
 
 
 class Logger:
@@ -29,9 +32,9 @@ class Logger:
             self.writer.add_scalar(k, v, step)
         if line:
             eta = values["time/step_s"] * (steps - step - 1)
-            print(f"step {step + 1}/{steps} | loss {values['loss/train']:.4f} | {values['time/step_s']:.3f} s/step | "
-                  f"{values['throughput/tokens_per_s']:,.0f} tok/s | MFU {values['perf/mfu']:.2%} "
-                  f"(plan {values['perf/mfu_predicted']:.2%}) | ETA {eta:.0f} s", flush=True)
+            log.info(f"step {step + 1}/{steps} | loss {values['loss/train']:.4f} | {values['time/step_s']:.3f} s/step | "
+                     f"{values['throughput/tokens_per_s']:,.0f} tok/s | MFU {values['perf/mfu']:.2%} "
+                     f"(plan {values['perf/mfu_predicted']:.2%}) | ETA {eta:.0f} s")
 
     def close(self) -> None:
         if self.writer:

@@ -35,4 +35,4 @@ class FeedForward(nn.Module):
 
 
 def mlp_kind(cfg) -> str:
-    return getattr(cfg.mlp, "value", cfg.mlp)
+    return cfg.mlp.value

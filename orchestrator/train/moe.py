@@ -200,7 +200,7 @@ class MoE(nn.Module):
         super().__init__()
         moe, mlp = cfg.moe, mlp_kind(cfg)
         self.experts_total, self.k = moe.experts, moe.experts_per_token
-        self.router = Router(cfg.hidden, moe.experts, moe.experts_per_token, _enum(moe.score), moe.route_scale)
+        self.router = Router(cfg.hidden, moe.experts, moe.experts_per_token, moe.score.value, moe.route_scale)
         self.experts = GroupedExperts(moe.experts, cfg.hidden, moe.expert_ffn_hidden, mlp)
         self.shared = (FeedForward(cfg.hidden, moe.shared_experts * moe.expert_ffn_hidden, mlp)
                        if moe.shared_experts else None)
@@ -269,9 +269,6 @@ class MoE(nn.Module):
         t = idx.shape[1] * self.seq_shards  # the whole sequence's tokens
         return self.aux_coef * ((e / (k * t)) * f * (p / t)).sum(-1).mean()
 
-
-def _enum(v):
-    return getattr(v, "value", v)
 
 
 def moe_layers(parts) -> list[tuple[int, MoE]]:

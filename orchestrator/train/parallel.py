@@ -1,12 +1,16 @@
 """Apply the plan's parallelism to the model with PyTorch's native APIs.
 
 - Tensor + sequence parallel: `parallelize_module` with Colwise/Rowwise/SequenceParallel
-  (seed 2: one all-reduce per attention and per MLP block, as AG + RS with SP),
+  (Shoeybi et al. 2019, arXiv:1909.08053, section 3 and figure 3: one all-reduce per attention
+  and per MLP block; as all-gather + reduce-scatter with SP: Korthikanti et al. 2022,
+  arXiv:2205.05198, section 4.2.2),
   a vocabulary-parallel embedding and a vocabulary-parallel loss (`loss_parallel`).
 - Context parallel: the attention all-gathers K and V inside the CP group (model.py).
 - FSDP2 (`fully_shard`) over the ranks that shard one copy of the state (dps x cp), as
   torchtitan does; weights stay gathered between forward and backward under pipelining
-  (the zero-bubble + FSDP2 trap in ../shared/notes/torch-cpu.md). With several copies
+  (torch 2.13's zero-bubble schedules, torch/distributed/pipelining/schedules.py, split
+  the backward into input and weight parts; with FSDP2 resharding between them some gradients
+  come out None or scaled; tests/test_runtime.py runs them against one process). With several copies
   (layout.dp_shard < dp: HSDP), `sync_replicas` averages the gradient shards across the
   copies over a group the runtime owns, so a lost copy can be dropped without touching
   FSDP's own groups.
@@ -185,7 +189,7 @@ def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: i
         apply_recompute(part, recompute, recompute_layers)
         # ZeRO-3 re-gathers the weights for backward, ZeRO-2 keeps them gathered from forward to
         # backward. Under pipelining they stay gathered whatever zero says (the plan counts it so):
-        # the zero-bubble schedules give wrong gradients otherwise (../shared/notes/torch-cpu.md).
+        # the zero-bubble schedules give wrong gradients otherwise (see the module docstring).
         apply_fsdp(part, fsdp, reshard_after_forward=lay["zero"] == 3 and lay["pp"] == 1, mp=mp, expert_mesh=edp)
     return parts
 

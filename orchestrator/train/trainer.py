@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import resource
 import time
@@ -25,10 +26,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_LEFT, EXIT_NO_CHECKPOINT
+from orchestrator.rundir import EXIT_FAILED, EXIT_LEFT, EXIT_NO_CHECKPOINT, RankExit
 from orchestrator.config.compose import typed
 from orchestrator.config.schema import Device, Precision
-from orchestrator.rundir import checkpoints as store
+from orchestrator.rundir import checkpoints as saves
 from orchestrator.rundir import events
 from orchestrator.rundir.metrics import measured_mfu
 from orchestrator.train import checkpoint as ckpt
@@ -42,8 +43,7 @@ from orchestrator.train.profile import StepProfiler
 from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
 
-
-
+log = logging.getLogger(__name__)
 
 IGNORE = -100  # the label of a padding micro-batch's tokens: they add nothing to the loss or the gradient
 
@@ -72,9 +72,9 @@ class Trainer:
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.joining = rundir.ENV_JOIN_COPY in os.environ  # a warm spare, or a node coming back
         if self.world != self.plan["world_size"] and not self.joining:
-            raise SystemExit(f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan['world_size']} "
-                             f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
-        self.url = store.url_for(self.spec.training.checkpoint.dir, self.run_dir)
+            raise RankExit(EXIT_FAILED, f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan['world_size']} "
+                           f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
+        self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
 
     # ---- phases ---------------------------------------------------------------------------
@@ -140,31 +140,28 @@ class Trainer:
     def resume(self) -> int:
         """Load the newest intact checkpoint (resharded into this layout); the step to start at.
         A damaged one (a file missing or altered, by its files.json) is reported and skipped."""
-        if store.latest_complete(self.url) is None:
+        if saves.latest_complete(self.url) is None:
             torch.manual_seed(self.spec.training.seed)
             return 0
         t0 = time.perf_counter()
         latest = ckpt.load_intact(self.url, self.parts, self.opts, on_damaged=self._damaged)
         if latest is None:
             if self.rank == 0:  # noqa: SIM102 (the first rank of the job says it once)
-                print(f"NO INTACT CHECKPOINT in {self.url}: every complete save is damaged (see the DAMAGED file "
-                      f"in each). Restore them, or point training.checkpoint.dir elsewhere to start over.",
-                      flush=True)
-            raise SystemExit(EXIT_NO_CHECKPOINT)
-        meta = store.read_meta(self.url, latest)
-        if os.environ.get("ORCH_DUMP_AFTER_LOAD"):
-            _dump_full_state(Path(os.environ["ORCH_DUMP_AFTER_LOAD"]), self.rank, self.parts, self.opts)
+                log.error(f"NO INTACT CHECKPOINT in {self.url}: every complete save is damaged (see the DAMAGED "
+                          f"file in each). Restore them, or point training.checkpoint.dir elsewhere to start over.")
+            raise RankExit(EXIT_NO_CHECKPOINT)
+        meta = saves.read_meta(self.url, latest)
         if self.rank == 0:
-            print(f"resumed from {store.step_dir(self.url, latest)} (step {latest}, layout "
-                  f"{meta['layout'].get('label', meta['layout'])} -> {self.lay['label']}) in "
-                  f"{time.perf_counter() - t0:.2f} s", flush=True)
+            log.info(f"resumed from {saves.step_dir(self.url, latest)} (step {latest}, layout "
+                     f"{meta['layout'].get('label', meta['layout'])} -> {self.lay['label']}) in "
+                     f"{time.perf_counter() - t0:.2f} s")
         buf = np.frombuffer(base64.b64decode(meta["rng_state"]), dtype=np.uint8).copy()
         torch.random.set_rng_state(torch.from_numpy(buf))  # every rank continues rank 0's stream
         return meta["step"]
 
     def _damaged(self, step: int, problems: list[str]) -> None:
-        print(f"CHECKPOINT DAMAGED: step {step} in {store.step_dir(self.url, step)}: {'; '.join(problems[:3])}"
-              f"{' ...' if len(problems) > 3 else ''}; marked DAMAGED, trying the previous one", flush=True)
+        log.warning(f"CHECKPOINT DAMAGED: step {step} in {saves.step_dir(self.url, step)}: {'; '.join(problems[:3])}"
+                    f"{' ...' if len(problems) > 3 else ''}; marked DAMAGED, trying the previous one")
         events.record(self.run_dir, {"mode": "checkpoint_damaged", "step": step, "problems": problems,
                                      "attempt": self.attempt})
 
@@ -265,8 +262,8 @@ class Trainer:
         """Go on in the next generation: its plan (data split, micro-batches), its groups, and
         for copies new to it, the model and optimizer state of a healthy copy."""
         if answer["op"] != "reform":
-            print(f"copy {self.place.copy} leaves the run: {answer.get('reason', '')}", flush=True)
-            raise SystemExit(EXIT_LEFT)
+            log.info(f"copy {self.place.copy} leaves the run: {answer.get('reason', '')}")
+            raise RankExit(EXIT_LEFT)
         self.plan_dir = Path(answer["plan_dir"])
         self.plan = json.loads((self.plan_dir / rundir.PLAN_JSON).read_text())
         self.lay = self.plan["layout"]
@@ -280,9 +277,9 @@ class Trainer:
             source = next(i for i, c in enumerate(answer["copies"]) if c not in new)
             self.replicas.broadcast_state(self._state_tensors(), source)
         if self.leader:
-            print(f"generation {answer['gen']}: copies {answer['copies']} ({self.lay['label']}), going on at step "
-                  f"{answer['step']}" + (f"; copies {new} received the state of copy "
-                                         f"{answer['copies'][source]}" if new else ""), flush=True)
+            log.info(f"generation {answer['gen']}: copies {answer['copies']} ({self.lay['label']}), going on at "
+                     f"step {answer['step']}" + (f"; copies {new} received the state of copy "
+                                                 f"{answer['copies'][source]}" if new else ""))
 
     def _init_optimizer_state(self) -> None:
         """A newcomer's optimizer state, shaped like everyone's (its values arrive next)."""
@@ -348,11 +345,11 @@ class Trainer:
                 if pending is not None:
                     pending.finish()
                     pending = None
-                if saver and store.latest_complete(self.url) != step + 1:
+                if saver and saves.latest_complete(self.url) != step + 1:
                     self.save(step + 1, None)
                 if self.leader:
-                    print(f"stopping after step {step + 1} on request (preemption or time limit); checkpoint "
-                          f"saved", flush=True)
+                    log.info(f"stopping after step {step + 1} on request (preemption or time limit); "
+                             f"checkpoint saved")
                 self.history["stopped"] = True
                 break
             step += 1
@@ -444,22 +441,9 @@ class Trainer:
                 "attempt": self.attempt,
                 "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")},
             }, indent=1))
-        dist.barrier()  # DCP and gloo exit cleanly only after everyone is done (torch-cpu notes)
+        dist.barrier()  # DCP and gloo exit cleanly only after everyone is done (torch 2.13, gloo:
+        # without it about half of 4-rank runs aborted at exit in DCP's teardown)
         dist.destroy_process_group()
-
-
-def _dump_full_state(out: Path, rank: int, parts, opts) -> None:
-    """Tests: this rank's chunks as full (unsharded) tensors, to compare with the checkpoint."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-
-    o = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
-    model, optim = {}, {}
-    for (_, part), opt in zip(parts, opts):
-        model.update(get_model_state_dict(part, options=o))
-        optim.update(get_optimizer_state_dict(part, opt, options=o))
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model, "optim": optim}, out / f"rank{rank}.pt")
 
 
 class _Fault:
@@ -472,7 +456,7 @@ class _Fault:
     def __call__(self):
         import signal
 
-        print(f"fault injection: killing this node during the save of step {self.step}", flush=True)
+        log.warning(f"fault injection: killing this node during the save of step {self.step}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -492,8 +476,7 @@ def _fault_if_injected(rank: int, step: int, attempt: int) -> None:
     if (kind not in ("crash_rank", "hang_rank") or attempt != 0 or int(os.environ[rundir.ENV_FAULT_RANK]) != rank
             or int(os.environ[rundir.ENV_FAULT_STEP]) != step):
         return
-    print(f"fault injection: rank {rank} {'crashes' if kind == 'crash_rank' else 'hangs'} before step {step + 1}",
-          flush=True)
+    log.warning(f"fault injection: rank {rank} {'crashes' if kind == 'crash_rank' else 'hangs'} before step {step + 1}")
     if kind == "crash_rank":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected: fault.kind=crash_rank)")
     while True:

@@ -81,8 +81,8 @@ def read_secret(path: str | Path) -> bytes:
 def env_secret() -> bytes:
     path = os.environ.get(KEY_ENV)
     if not path:
-        raise SystemExit(f"{KEY_ENV} is not set: the launcher hands every rank the job's control secret "
-                         f"(RUN_DIR/{SECRET_NAME}); start the ranks through orchestrate")
+        raise rundir.RankExit(rundir.EXIT_FAILED, f"{KEY_ENV} is not set: the launcher hands every rank the job's "
+                              f"control secret (RUN_DIR/{SECRET_NAME}); start the ranks through orchestrate")
     return read_secret(path)
 
 

@@ -1,5 +1,5 @@
 """The job's rendezvous store, in a process of its own:
-`python -m orchestrator.train.store PORT HOST` (HOST: 127.0.0.1 locally, the first node's
+`python -m orchestrator.train.rendezvous PORT HOST` (HOST: 127.0.0.1 locally, the first node's
 address on SLURM; never every interface).
 
 Every copy of the model state initialises its torch world through it (under its own
@@ -28,9 +28,9 @@ def main() -> None:
     # TCPStore alone listens on every interface whatever its host: hand it a socket bound to `host`.
     sock = socket.create_server((host, port), backlog=4096)
     port = sock.getsockname()[1]
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=24),
+    tcp = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=24),
                      master_listen_fd=sock.fileno())
-    print(store.port, flush=True)
+    print(tcp.port, flush=True)
     sys.stdin.read()  # serve until the parent closes our stdin (or kills us)
 
 
