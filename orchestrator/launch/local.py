@@ -27,6 +27,7 @@ from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
 
+NODE_KINDS = (FaultKind.kill_node, FaultKind.slow_node)  # fault.kill_node names the node; the others fault.rank
 CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
 
@@ -43,7 +44,7 @@ class LocalWorkers(Workers):
         self.current: list = []
         self.attempt = 0
         f = spec.fault
-        armed = f.kill_node is not None if f.kind == FaultKind.kill_node else f.rank is not None
+        armed = f.kill_node is not None if f.kind in NODE_KINDS else f.rank is not None
         self.fault_step = (None if not armed else
                            random.Random(f.seed).randint(1, max(spec.training.steps - 1, 1))
                            if f.mode == FaultMode.random else f.at_step)
@@ -57,6 +58,7 @@ class LocalWorkers(Workers):
         self.next_copy = 0
         self.next_watch = 0.0
         self.hang = None
+        self.evicted: dict = {}  # node -> why it was evicted (a straggler)
 
     # ---- what the in-place policy asks -----------------------------------------------------
     def say(self, text: str) -> None:
@@ -78,7 +80,10 @@ class LocalWorkers(Workers):
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
-        if attempt == 0 and self.fault_step is not None and self.spec.fault.kind != FaultKind.kill_node:
+        if self.fault_step is not None and self.spec.fault.kind == FaultKind.slow_node:  # the node stays slow
+            env.update({rundir.ENV_FAULT_MODE: "slow_node", rundir.ENV_FAULT_NODE: str(self.spec.fault.kill_node),
+                        rundir.ENV_FAULT_STEP: str(self.fault_step), rundir.ENV_FAULT_SLOW_S: str(self.spec.fault.slow_s)})
+        elif attempt == 0 and self.fault_step is not None and self.spec.fault.kind not in NODE_KINDS:
             env.update(ORCH_FAULT_MODE=self.spec.fault.kind.value, ORCH_FAULT_RANK=str(self.spec.fault.rank),
                        ORCH_FAULT_STEP=str(self.fault_step))
         elif attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
@@ -109,11 +114,14 @@ class LocalWorkers(Workers):
     def _serve(self, policy, plan_dir: Path) -> dict:
         """The job's store and the coordinator, for this attempt."""
         from orchestrator.launch.control import JobServices
+        from orchestrator.launch.stragglers import Stragglers
 
+        fo = self.spec.failover
         self._close_services()
         self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir), policy.decide,
-                                    self.spec.failover.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
-                                    commit_timeout_s=self.spec.failover.timeout_s, say=self.say)
+                                    fo.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
+                                    commit_timeout_s=fo.timeout_s, say=self.say,
+                                    stragglers=Stragglers(fo.straggler_margin, fo.straggler_steps))
         self.coordinator = self.services.coordinator
         return self.services.env
 
@@ -163,8 +171,23 @@ class LocalWorkers(Workers):
         self.say(f"HANG: {what}")
         self.job.kill_node(node)
 
+    def _watch_stragglers(self) -> None:
+        """Copies the coordinator named stragglers: named everywhere; evicted when configured and a spare waits."""
+        from orchestrator.launch import stragglers
+
+        for s in self.coordinator.take_stragglers() if self.coordinator is not None else ():
+            slots = [k for k, p in enumerate(self.job.procs) if self.copy_of.get(k) == s.copy and p.poll() is None]
+            nodes = sorted({self.job.node_of(k) for k in slots})
+            if stragglers.name(self.run_dir, s, nodes, self.spec.failover, len(self.spares), self.say):
+                for node in nodes:
+                    self.lost += [node] if node not in self.lost else []  # lost before its copies' leaders close
+                    self.evicted[node] = f"node {node} evicted as a straggler (copy {s.copy}, {s.ratio:.2f}x the median step)"
+                    self.job.kill_node(node)
+
     def _inject(self) -> None:
         self._watch_progress()
+        if self.policy is not None:
+            self._watch_stragglers()
         f = self.spec.fault
         if (self.attempt == 0 and self.fault_step is not None and f.mode != FaultMode.during_save
                 and f.kind == FaultKind.kill_node
@@ -242,6 +265,7 @@ class LocalWorkers(Workers):
         why = why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(alive)
         cause = (f"slot {slot} on node {node} crashed ({_describe(code)}: {error}); node {node} stays up" if crashed
                  else self.hang[1] if self.hang and self.hang[0] == node
+                 else self.evicted[node] if node in self.evicted
                  else f"node {node} lost ({_describe(code)}, slot {slot})")
         if why:
             self.say(f"FAILURE: {cause}; cannot go on in place: {why}")
