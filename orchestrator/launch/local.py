@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import time
@@ -20,14 +19,13 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_LEFT
 from orchestrator.config.schema import FaultKind, FaultMode
-from orchestrator.launch import progress
+from orchestrator.launch import faults, progress
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
 
-NODE_KINDS = (FaultKind.kill_node, FaultKind.slow_node)  # fault.kill_node names the node; the others fault.rank
 CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
 
@@ -43,11 +41,7 @@ class LocalWorkers(Workers):
         self.job: LocalJob | None = None
         self.current: list = []
         self.attempt = 0
-        f = spec.fault
-        armed = f.kill_node is not None if f.kind in NODE_KINDS else f.rank is not None
-        self.fault_step = (None if not armed else
-                           random.Random(f.seed).randint(1, max(spec.training.steps - 1, 1))
-                           if f.mode == FaultMode.random else f.at_step)
+        self.fault_step = faults.armed_step(spec)
         self.killed_at: float | None = None
         self.rejoined = False
         self.policy = self.coordinator = self.services = None
@@ -80,15 +74,7 @@ class LocalWorkers(Workers):
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
-        if self.fault_step is not None and self.spec.fault.kind == FaultKind.slow_node:  # the node stays slow
-            env.update({rundir.ENV_FAULT_MODE: "slow_node", rundir.ENV_FAULT_NODE: str(self.spec.fault.kill_node),
-                        rundir.ENV_FAULT_STEP: str(self.fault_step), rundir.ENV_FAULT_SLOW_S: str(self.spec.fault.slow_s)})
-        elif attempt == 0 and self.fault_step is not None and self.spec.fault.kind not in NODE_KINDS:
-            env.update(ORCH_FAULT_MODE=self.spec.fault.kind.value, ORCH_FAULT_RANK=str(self.spec.fault.rank),
-                       ORCH_FAULT_STEP=str(self.fault_step))
-        elif attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
-            env.update(ORCH_FAULT_MODE="during_save", ORCH_FAULT_NODE=str(self.spec.fault.kill_node),
-                       ORCH_FAULT_STEP=str(self.fault_step))
+        env.update(faults.env(self.spec, attempt, self.fault_step))
         self.attempt, self.killed_at, self.policy = attempt, None, policy
         progress.clear(self.run_dir)
         self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text()), self.spec.failover)
@@ -163,10 +149,7 @@ class LocalWorkers(Workers):
         except ProcessLookupError:
             pass
         time.sleep(1.0)
-        what = (f"{name} (pid {late.pid}) on node {node} hung: no rank made progress for {now - late.time:.1f} s, "
-                f"past the deadline of {self.deadline:.0f} s, and it is furthest behind (step {late.step + 1} "
-                f"{'ended' if late.ended else 'begun'}); its Python stack is in logs/{name}.log; node {node} "
-                f"treated as lost")
+        what = progress.verdict(late, name, node, now, self.deadline, f"logs/{name}.log")
         self.hang = (node, what, now - late.time)
         self.say(f"HANG: {what}")
         self.job.kill_node(node)

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch import sbatch
+from orchestrator.launch import faults, progress, sbatch, stragglers
 from orchestrator.launch.status import read_status, steps_completed, write_status
+from orchestrator.launch.stragglers import Stragglers
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
 
@@ -99,6 +100,7 @@ class SrunWorkers(Workers):
         self.stop_requested = False
         self.policy = self.services = None
         self.lost: list[str] = []
+        self.fault_step = faults.armed_step(spec)
 
     # what the in-place policy asks
     def say(self, text: str) -> None:
@@ -129,13 +131,18 @@ class SrunWorkers(Workers):
         self.current, self.policy = for_attempt(self.spec, plan_dir, alive, need), policy
         self.plan_dir = Path(plan_dir)
         (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+        progress.clear(self.run_dir)  # the beats of this attempt's ranks, read by wait (a hang)
+        self.deadline = progress.deadline_s(json.loads((plan_dir / rundir.PLAN_JSON).read_text()), self.spec.failover)
+        env = {**env, **faults.env(self.spec, attempt, self.fault_step)}
         if policy is not None:
             from orchestrator.launch.control import JobServices
 
             self._close()
+            fo = self.spec.failover
             self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
-                                        policy.decide, self.spec.failover.quorum_s, host=socket.gethostname(),
-                                        run_dir=str(self.run_dir), commit_timeout_s=self.spec.failover.timeout_s)
+                                        policy.decide, fo.quorum_s, host=socket.gethostname(),
+                                        run_dir=str(self.run_dir), commit_timeout_s=fo.timeout_s,
+                                        stragglers=Stragglers(fo.straggler_margin, fo.straggler_steps))
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
@@ -178,6 +185,12 @@ class SrunWorkers(Workers):
                 self.services.coordinator.lost(copies)
             if self.policy is not None:
                 self.policy.poll()
+                for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
+                    stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
+                                    self.spec.failover, 0, self.say)
+            late = progress.watch(self.run_dir, self.deadline, self.lost) if code is None else None
+            if late is not None:
+                return self._hung(late)
             if code is not None:
                 break
             time.sleep(lc.poll_s)
@@ -201,6 +214,21 @@ class SrunWorkers(Workers):
                            error=error)
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
+
+    def _hung(self, late) -> Outcome:
+        """A rank past the progress deadline: every task dumps its Python stack into its log
+        (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
+        treated as lost: the step ends and the run restarts without it (in place needs its
+        ranks killed on their node, which this step cannot do alone)."""
+        now = time.time()
+        self.signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        log = self.plan_dir / rundir.LOGS / f"rank{late.task}.log"
+        what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log))
+        print(f"HANG: {what}", flush=True)
+        self.lost.append(late.host)
+        self.stop()
+        return Outcome(False, list(self.lost), what, now - late.time)
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -332,14 +332,14 @@ class Trainer:
         pending, step = None, start
         while step < tr.steps:
             _fault_if_injected(self.rank, step, self.attempt)
-            world.beat(self.run_dir, step, "begin")
+            world.beat(self.run_dir, step, "begin", self.rank)
             t0 = time.perf_counter()
             self._saving = pending is not None  # an asynchronous save in flight shares this copy's step
             loss = self.train_step(step)
             if loss is None:
                 continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
-            world.beat(self.run_dir, step, "end")
+            world.beat(self.run_dir, step, "end", self.rank)
             self._record(log, step, loss, dt)
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):

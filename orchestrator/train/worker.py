@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_STOPPED
+from orchestrator.rundir import EXIT_LEFT, EXIT_STOPPED
 from orchestrator.train.trainer import Trainer
 
 SLURM_ENV = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
@@ -51,7 +51,15 @@ def main() -> None:
     stop = {"requested": False}
     for sig in (signal.SIGUSR2, signal.SIGTERM):  # SLURM: time limit (USR2), preemption (TERM first)
         signal.signal(sig, lambda *_: stop.update(requested=True))
-    history = train(Path(sys.argv[1]), should_stop=lambda: stop["requested"])
+    from orchestrator.train import world
+
+    try:
+        history = train(Path(sys.argv[1]), should_stop=lambda: stop["requested"])
+    except SystemExit as e:
+        if e.code == EXIT_LEFT:  # dismissed by the coordinator: its last beat is no hang
+            world.forget_beat()
+        raise
+    world.forget_beat()
     sys.exit(EXIT_STOPPED if history.get("stopped") else 0)
 
 
