@@ -102,3 +102,10 @@ def test_an_evicted_straggler_moves_to_the_spare_and_the_losses_are_the_fault_fr
     assert sorted(got) == list(range(8))
     assert [got[s] for s in range(8)] == pytest.approx(tiny_losses[:8], rel=1e-5)
     assert samples_read(run) == list(range(8 * 16))
+
+
+def test_a_slow_node_without_its_node_or_with_a_margin_of_one_is_refused_before_launch(cli):
+    r = cli("hardware=cpu", "model=tiny", "launcher=local", "cluster.nodes=2", "hardware.gpus_per_node=1",
+            "training.steps=5", "fault.kind=slow_node", "fault.at_step=1", "failover.straggler_margin=1.0")
+    assert r.returncode == 2 and "[fault.kill_node]" in r.stderr and "fault.kill_node=<node>" in r.stderr
+    assert "[failover.straggler_margin, failover.straggler_steps]" in r.stderr and "Traceback" not in r.stderr

@@ -8,7 +8,9 @@ hung one: it is named, its every thread's Python stack is dumped into its log (S
 faulthandler; train/worker.py) and its node is treated as lost. The deadline comes from the
 plan: `failover.progress_deadline_s`, or DEADLINE_FACTOR x (predicted step + checkpoint
 save), at least DEADLINE_FLOOR_S; it sits below the cross-copy collective timeout
-(failover.timeout_s), so a hang is named before a collective times out on it.
+(failover.timeout_s), so a hang is named before a collective times out on it. A straggler
+(launch/stragglers.py) is not a hang: it beats every step, so only a step longer than the
+deadline reads as one.
 """
 from __future__ import annotations
 
