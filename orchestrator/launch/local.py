@@ -19,7 +19,7 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_LEFT
 from orchestrator.config.schema import FaultKind, FaultMode
-from orchestrator.launch import faults, progress
+from orchestrator.launch import faults, progress, stragglers
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
@@ -100,14 +100,13 @@ class LocalWorkers(Workers):
     def _serve(self, policy, plan_dir: Path) -> dict:
         """The job's store and the coordinator, for this attempt."""
         from orchestrator.launch.control import JobServices
-        from orchestrator.launch.stragglers import Stragglers
 
         fo = self.spec.failover
         self._close_services()
         self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir), policy.decide,
                                     fo.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
                                     commit_timeout_s=fo.timeout_s, say=self.say,
-                                    stragglers=Stragglers(fo.straggler_margin, fo.straggler_steps))
+                                    stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps))
         self.coordinator = self.services.coordinator
         return self.services.env
 
@@ -156,8 +155,6 @@ class LocalWorkers(Workers):
 
     def _watch_stragglers(self) -> None:
         """Copies the coordinator named stragglers: named everywhere; evicted when configured and a spare waits."""
-        from orchestrator.launch import stragglers
-
         for s in self.coordinator.take_stragglers() if self.coordinator is not None else ():
             slots = [k for k, p in enumerate(self.job.procs) if self.copy_of.get(k) == s.copy and p.poll() is None]
             nodes = sorted({self.job.node_of(k) for k in slots})

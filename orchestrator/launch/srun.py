@@ -29,7 +29,6 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.launch import faults, progress, sbatch, stragglers
 from orchestrator.launch.status import read_status, steps_completed, write_status
-from orchestrator.launch.stragglers import Stragglers
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
 
@@ -77,11 +76,15 @@ def node_fail_wait_s(lc) -> float:
     return max(60.0, timeout + 30.0)
 
 
-def _crash_error(logs: Path) -> str | None:
-    """The first error a rank of the step ended with (rank%t.log), None when none did."""
+def _crash_error(logs: Path, run_dir: Path) -> str | None:
+    """The error the step's first crashed rank ended with (rank%t.log), None when none did: the
+    rank furthest behind by its progress beat first (its peers then fail of it: "connection
+    closed by peer"), then the others in order."""
     from orchestrator.launch.processes import last_error
 
-    for log in sorted(Path(logs).glob("rank*.log")):
+    beats = progress.read(run_dir)
+    first = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).task if beats else None
+    for log in sorted(Path(logs).glob("rank*.log"), key=lambda p: (p.stem != f"rank{first}", p.name)):
         line = last_error(logs, log.stem)
         if "Error" in line.split(":", 1)[0]:
             return line
@@ -142,7 +145,7 @@ class SrunWorkers(Workers):
             self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
                                         policy.decide, fo.quorum_s, host=socket.gethostname(),
                                         run_dir=str(self.run_dir), commit_timeout_s=fo.timeout_s,
-                                        stragglers=Stragglers(fo.straggler_margin, fo.straggler_steps))
+                                        stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps))
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
@@ -208,7 +211,7 @@ class SrunWorkers(Workers):
         self._close()
         if self.lost:
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
-        error = _crash_error(self.plan_dir / rundir.LOGS)
+        error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
             return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
                            error=error)
@@ -220,7 +223,14 @@ class SrunWorkers(Workers):
         (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
         treated as lost: the step ends and the run restarts without it (in place needs its
         ranks killed on their node, which this step cannot do alone)."""
+        from orchestrator.launch.processes import last_error
+
         now = time.time()
+        error = last_error(self.plan_dir / rundir.LOGS, f"rank{late.task}")
+        if "Error" in error.split(":", 1)[0]:  # it did not hang: it crashed, and its peers wait on it
+            self.stop()
+            return Outcome(False, [], f"a rank crashed ({error}); its peers stopped making progress", now - late.time,
+                           crashed=True, error=error)
         self.signal(signal.SIGUSR1)
         time.sleep(2.0)
         log = self.plan_dir / rundir.LOGS / f"rank{late.task}.log"
