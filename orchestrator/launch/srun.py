@@ -104,6 +104,7 @@ class SrunWorkers(Workers):
         self.policy = self.services = None
         self.lost: list[str] = []
         self.fault_step = faults.armed_step(spec)
+        self.crash: str | None = None  # a rank seen crashed while its peers wait on it
 
     # what the in-place policy asks
     def say(self, text: str) -> None:
@@ -135,6 +136,7 @@ class SrunWorkers(Workers):
         self.plan_dir = Path(plan_dir)
         (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         progress.clear(self.run_dir)  # the beats of this attempt's ranks, read by wait (a hang)
+        self.crash = None
         self.deadline = progress.deadline_s(json.loads((plan_dir / rundir.PLAN_JSON).read_text()), self.spec.failover)
         env = {**env, **faults.env(self.spec, attempt, self.fault_step)}
         if policy is not None:
@@ -191,9 +193,10 @@ class SrunWorkers(Workers):
                 for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
                     stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
                                     self.spec.failover, 0, self.say)
-            late = progress.watch(self.run_dir, self.deadline, self.lost) if code is None else None
-            if late is not None:
-                return self._hung(late)
+            late = progress.watch(self.run_dir, self.deadline, self.lost) if code is None and not self.crash else None
+            outcome = self._hung(late) if late is not None else None
+            if outcome is not None:
+                return outcome
             if code is not None:
                 break
             time.sleep(lc.poll_s)
@@ -218,7 +221,7 @@ class SrunWorkers(Workers):
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
 
-    def _hung(self, late) -> Outcome:
+    def _hung(self, late) -> Outcome | None:
         """A rank past the progress deadline: every task dumps its Python stack into its log
         (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
         treated as lost: the step ends and the run restarts without it (in place needs its
@@ -227,10 +230,10 @@ class SrunWorkers(Workers):
 
         now = time.time()
         error = last_error(self.plan_dir / rundir.LOGS, f"rank{late.task}")
-        if "Error" in error.split(":", 1)[0]:  # it did not hang: it crashed, and its peers wait on it
-            self.stop()
-            return Outcome(False, [], f"a rank crashed ({error}); its peers stopped making progress", now - late.time,
-                           crashed=True, error=error)
+        if "Error" in error.split(":", 1)[0]:  # not a hang: it crashed, and its peers wait on it until their
+            self.crash = error  # collective times out; the step then ends and is read as a crash
+            print(f"rank {late.rank} crashed ({error}); its peers stop at their collective timeout", flush=True)
+            return None
         self.signal(signal.SIGUSR1)
         time.sleep(2.0)
         log = self.plan_dir / rundir.LOGS / f"rank{late.task}.log"
