@@ -216,8 +216,10 @@ class SrunWorkers(Workers):
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
         error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
-            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
-                           error=error)
+            beats = progress.read(self.run_dir)  # detected: from the last sign of life of the rank furthest behind
+            since = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).time if beats else None
+            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}",
+                           time.time() - since if since else None, crashed=True, error=error)
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
 
