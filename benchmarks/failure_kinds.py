@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,7 @@ def _slurm_run(run: Path, extra: list[str], kill: bool) -> tuple[str, float | No
 def slurm(names) -> None:
     script = ROOT / "slurm" / "local-cluster.sh"
     env = dict(os.environ, **CLUSTER_ENV)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still takes the cluster down
     subprocess.run([str(script), "up"], env=env, check=True, capture_output=True, timeout=900)
     os.environ["SLURM_CONF"] = subprocess.run([str(script), "conf"], capture_output=True, text=True).stdout.strip()
     try:
