@@ -142,6 +142,32 @@ def test_a_detached_job_goes_on_in_place_when_its_state_has_copies(cluster, tmp_
     assert samples_read(run) == list(range(40 * 16))
 
 
+def test_a_detached_job_names_a_hung_rank_with_its_stack_and_restarts_without_its_node(cluster, tmp_path, reference):
+    """fault.kind=hang_rank under SLURM: the supervisor reads the ranks' progress beats in the
+    shared run directory; past the deadline the rank furthest behind is named, every task dumps
+    its stack (SIGUSR1 through srun), and its node is treated as lost: the run restarts on the
+    other node from its checkpoint with the uninterrupted run's losses."""
+    run = tmp_path / "run"
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                 "training.steps=12", "training.checkpoint.every=2", "fault.kind=hang_rank", "fault.rank=3",
+                 "fault.at_step=5", "failover.progress_deadline_s=10"], tmp_path, timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    deadline, state = time.monotonic() + 600, None
+    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
+        state = json.loads((run / "status.json").read_text()).get("state")
+        time.sleep(1)
+    assert state == "completed", (run / "status.json").read_text()
+    (event,) = json.loads((run / "failover.json").read_text())
+    assert event["mode"] == "restart" and "rank 3 (pid" in event["cause"] and "hung" in event["cause"]
+    assert event["nodes_lost"] == [event["node"]] and event["nodes_in_service"] != [event["node"]]
+    assert event["seconds"]["detection"] >= 10 and event["resumed_from_step"] == 4
+    log = Path(event["cause"].split("its Python stack is in ")[1].split(";")[0]).read_text()
+    assert "_fault_if_injected" in log and "File " in log  # faulthandler's stack of the hung rank
+    got = losses_by_step(run)
+    assert [got[s] for s in range(12)] == pytest.approx(reference[:12], rel=1e-5)
+    assert samples_read(run) == list(range(12 * 16))
+
+
 def test_allocation_that_does_not_match_the_plan_stops_before_training(cluster, tmp_path):
     from orchestrator import compose
     from orchestrator.config.compose import typed

@@ -65,7 +65,9 @@ class FaultKind(str, Enum):
     # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
     crash_rank = "crash_rank"
     hang_rank = "hang_rank"  # global rank fault.rank stops making progress (blocks) before a step
-    slow_node = "slow_node"  # not implemented yet (refused before launch)
+    # every rank of node fault.kill_node sleeps fault.slow_s more each step from fault.at_step on
+    # (a throttled GPU, a bad link): a straggler (failover.straggler_*)
+    slow_node = "slow_node"
 
 
 class BatchPolicy(str, Enum):
@@ -422,15 +424,17 @@ class PublishedConfig:
 
 @dataclass
 class FaultConfig:
-    """Fault injection for tests and demos: kill every process of one emulated node."""
+    """Fault injection for tests and demos (fault.kind): a node kind strikes node
+    fault.kill_node, a rank kind global rank fault.rank."""
 
-    kill_node: Optional[int] = None
+    kill_node: Optional[int] = None  # the node a node kind strikes (kill_node, slow_node)
     at_step: Optional[int] = None  # once this many steps have completed
     mode: FaultMode = FaultMode.step
     seed: int = 0
     rejoin_at_step: Optional[int] = None  # the killed node comes back once this many steps completed
     kind: FaultKind = FaultKind.kill_node
-    rank: Optional[int] = None  # the global rank a rank kind (crash_rank) strikes
+    rank: Optional[int] = None  # the global rank a rank kind (crash_rank, hang_rank) strikes
+    slow_s: float = 1.0  # slow_node: the extra seconds each of its ranks spends in every step
 
 
 @dataclass
@@ -453,6 +457,15 @@ class FailoverConfig:
     in_place: bool = True
     timeout_s: float = 60.0  # a collective across copies gives up on a silent peer after this
     quorum_s: float = 10.0  # how long the coordinator waits for every live copy to report
+    # A straggler: a copy whose own work in a step (before it waits on the other copies) took more
+    # than straggler_margin x the copies' median for straggler_steps steps in a row (steps its copy
+    # spent saving a checkpoint are not counted). It is named in status.json, TensorBoard and
+    # failover.json (launch/stragglers.py); with evict_stragglers and a warm spare waiting, its
+    # node is treated as lost (reason "straggler") and the spare takes its place. Without a spare
+    # it is kept and the run says so: evicting it would shrink the job.
+    straggler_margin: float = 1.3
+    straggler_steps: int = 5
+    evict_stragglers: bool = False
 
 @dataclass
 class SearchConfig:

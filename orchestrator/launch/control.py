@@ -14,6 +14,9 @@ the TCP server and under the simulator's virtual clock (benchmarks/failover_sim.
   `decide(alive, dead, joiners, step)` and answers "reform" (new generation) or "exit".
 - join: a launched warm spare or a node back waits to be admitted; `now` asks for a change.
 - bye: a leader that finished; otherwise a leader's connection closing is its copy lost.
+- stragglers: each commit carries the copy's own work in the step (`busy`, seconds) and
+  whether a checkpoint save shared it; each committed step feeds them to `stragglers`
+  (launch/stragglers.py), and the launcher takes who was named.
 - Deadlines: a step whose first commit came `commit_timeout_s` ago without the others
   becomes a membership change (the missing copies are dropped after the quorum window).
 
@@ -64,7 +67,9 @@ OPS = ("commit", "failed", "join", "bye")
 
 class Coordinator:
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float = 5.0,
-                 commit_timeout_s: float = 60.0, clock=time.monotonic):
+                 commit_timeout_s: float = 60.0, clock=time.monotonic, stragglers=None):
+        self.stragglers = stragglers  # launch/stragglers.Stragglers, or None: not watched
+        self.busy: dict[int, tuple[float, bool]] = {}  # copy -> (its work, saving) for self.step
         self.current = Generation(0, list(copies), plan_dir)
         self.members = set(copies)
         self.launched = set(copies)  # copies the launcher started (expect()): only they may join
@@ -154,7 +159,7 @@ class Coordinator:
             if gen < self.current.gen:  # an answer it missed while it computed
                 return reply(self._answer_for(copy))
             if op == "commit" and self.changing is None:
-                return self._commit(copy, msg["step"], msg["sums"], reply)
+                return self._commit(copy, msg["step"], msg["sums"], reply, msg.get("busy"), bool(msg.get("saving")))
             self.waiting[copy] = reply
             self._report(copy, msg["step"])
             self.sums.pop(copy, None)
@@ -187,16 +192,21 @@ class Coordinator:
             sums = msg.get("sums")
             if not (isinstance(sums, list) and len(sums) == 3 and all(finite(x) for x in sums)):
                 return "malformed"
+            if not finite(msg.get("busy", 0.0)) or msg.get("busy", 0.0) < 0:
+                return "malformed"
             if self.changing is None and self.step is not None and step != self.step:
                 return "wrong_step"
         return None
 
-    def _commit(self, copy: int, step: int, sums: list, reply) -> None:
+    def _commit(self, copy: int, step: int, sums: list, reply, busy=None, saving: bool = False) -> None:
         if self.step is None:
             self.step = step
         if not self.sums:
             self.first_at = self.clock()
+            self.busy = {}
         self.sums[copy] = sums
+        if busy is not None:
+            self.busy[copy] = (float(busy), saving)
         self.waiting[copy] = reply
         if len(self.sums) < len(self.members):
             return
@@ -207,6 +217,9 @@ class Coordinator:
         self.sums, self.waiting, self.first_at, self.step = {}, {}, None, step + 1
         self.commits += 1
         self.last_commit = time.time()
+        if self.stragglers is not None:
+            self.stragglers.observe(step, self.busy)
+        self.busy = {}
         for r in replies:  # each leader woken once, when the step is complete
             r(answer)
 
@@ -274,6 +287,11 @@ class Coordinator:
             return {"op": "exit", "reason": f"copy {copy} is not part of generation {self.answer['gen']}"}
         return self.answer
 
+    def take_stragglers(self) -> list:
+        """The copies named stragglers since the last call (launch/stragglers.Straggler)."""
+        with self.lock:
+            return self.stragglers.take() if self.stragglers is not None else []
+
     def counts(self) -> dict:
         """What the job's log and status show: commits, and what was dropped, by reason."""
         with self.lock:
@@ -296,14 +314,15 @@ class JobServices:
     `env` is what every rank needs to find them (the secret by its file, not its value)."""
 
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float, host: str,
-                 run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None):
+                 run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None, stragglers=None):
         self.run_dir, self.say = Path(run_dir or plan_dir), say or (lambda text: print(text, flush=True))
         bind = bind_address(host)
         key_file = wire.make_secret(self.run_dir)
         self.rendezvous = subprocess.Popen([sys.executable, "-m", "orchestrator.train.rendezvous", "0", bind],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         port = int(self.rendezvous.stdout.readline())
-        self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s)
+        self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s,
+                                       stragglers=stragglers)
         self.reported = 0
         self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
         job = os.environ.get("SLURM_JOB_ID") or secrets.token_hex(4)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_LEFT
 from orchestrator.config.schema import FaultKind, FaultMode
-from orchestrator.launch import progress
+from orchestrator.launch import faults, progress, stragglers
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
@@ -42,11 +41,7 @@ class LocalWorkers(Workers):
         self.job: LocalJob | None = None
         self.current: list = []
         self.attempt = 0
-        f = spec.fault
-        armed = f.kill_node is not None if f.kind == FaultKind.kill_node else f.rank is not None
-        self.fault_step = (None if not armed else
-                           random.Random(f.seed).randint(1, max(spec.training.steps - 1, 1))
-                           if f.mode == FaultMode.random else f.at_step)
+        self.fault_step = faults.armed_step(spec)
         self.killed_at: float | None = None
         self.rejoined = False
         self.policy = self.coordinator = self.services = None
@@ -57,6 +52,7 @@ class LocalWorkers(Workers):
         self.next_copy = 0
         self.next_watch = 0.0
         self.hang = None
+        self.evicted: dict = {}  # node -> why it was evicted (a straggler)
 
     # ---- what the in-place policy asks -----------------------------------------------------
     def say(self, text: str) -> None:
@@ -78,12 +74,7 @@ class LocalWorkers(Workers):
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
-        if attempt == 0 and self.fault_step is not None and self.spec.fault.kind != FaultKind.kill_node:
-            env.update(ORCH_FAULT_MODE=self.spec.fault.kind.value, ORCH_FAULT_RANK=str(self.spec.fault.rank),
-                       ORCH_FAULT_STEP=str(self.fault_step))
-        elif attempt == 0 and self.fault_step is not None and self.spec.fault.mode == FaultMode.during_save:
-            env.update(ORCH_FAULT_MODE="during_save", ORCH_FAULT_NODE=str(self.spec.fault.kill_node),
-                       ORCH_FAULT_STEP=str(self.fault_step))
+        env.update(faults.env(self.spec, attempt, self.fault_step))
         self.attempt, self.killed_at, self.policy = attempt, None, policy
         progress.clear(self.run_dir)
         self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text()), self.spec.failover)
@@ -110,10 +101,12 @@ class LocalWorkers(Workers):
         """The job's store and the coordinator, for this attempt."""
         from orchestrator.launch.control import JobServices
 
+        fo = self.spec.failover
         self._close_services()
         self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir), policy.decide,
-                                    self.spec.failover.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
-                                    commit_timeout_s=self.spec.failover.timeout_s, say=self.say)
+                                    fo.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
+                                    commit_timeout_s=fo.timeout_s, say=self.say,
+                                    stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps))
         self.coordinator = self.services.coordinator
         return self.services.env
 
@@ -155,16 +148,26 @@ class LocalWorkers(Workers):
         except ProcessLookupError:
             pass
         time.sleep(1.0)
-        what = (f"{name} (pid {late.pid}) on node {node} hung: no rank made progress for {now - late.time:.1f} s, "
-                f"past the deadline of {self.deadline:.0f} s, and it is furthest behind (step {late.step + 1} "
-                f"{'ended' if late.ended else 'begun'}); its Python stack is in logs/{name}.log; node {node} "
-                f"treated as lost")
+        what = progress.verdict(late, name, node, now, self.deadline, f"logs/{name}.log")
         self.hang = (node, what, now - late.time)
         self.say(f"HANG: {what}")
         self.job.kill_node(node)
 
+    def _watch_stragglers(self) -> None:
+        """Copies the coordinator named stragglers: named everywhere; evicted when configured and a spare waits."""
+        for s in self.coordinator.take_stragglers() if self.coordinator is not None else ():
+            slots = [k for k, p in enumerate(self.job.procs) if self.copy_of.get(k) == s.copy and p.poll() is None]
+            nodes = sorted({self.job.node_of(k) for k in slots})
+            if stragglers.name(self.run_dir, s, nodes, self.spec.failover, len(self.spares), self.say):
+                for node in nodes:
+                    self.lost += [node] if node not in self.lost else []  # lost before its copies' leaders close
+                    self.evicted[node] = f"node {node} evicted as a straggler (copy {s.copy}, {s.ratio:.2f}x the median step)"
+                    self.job.kill_node(node)
+
     def _inject(self) -> None:
         self._watch_progress()
+        if self.policy is not None:
+            self._watch_stragglers()
         f = self.spec.fault
         if (self.attempt == 0 and self.fault_step is not None and f.mode != FaultMode.during_save
                 and f.kind == FaultKind.kill_node
@@ -242,6 +245,7 @@ class LocalWorkers(Workers):
         why = why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(alive)
         cause = (f"slot {slot} on node {node} crashed ({_describe(code)}: {error}); node {node} stays up" if crashed
                  else self.hang[1] if self.hang and self.hang[0] == node
+                 else self.evicted[node] if node in self.evicted
                  else f"node {node} lost ({_describe(code)}, slot {slot})")
         if why:
             self.say(f"FAILURE: {cause}; cannot go on in place: {why}")

@@ -20,7 +20,18 @@ def fault_problems(spec: Config) -> list[Problem]:
     f, fo, out = spec.fault, spec.failover, []
     nodes, steps = spec.cluster.nodes, spec.training.steps
     if f.kind == FaultKind.slow_node:
-        out.append(Problem("fault.kind", "slow_node is not injected yet.", "use kill_node, crash_rank or hang_rank."))
+        if f.kill_node is None or not 0 <= f.kill_node < nodes:
+            out.append(Problem("fault.kill_node", f"fault.kind=slow_node needs the node to slow, 0 .. {nodes - 1}, got "
+                               f"{f.kill_node}.", "set fault.kill_node=<node>."))
+        if not f.slow_s > 0:
+            out.append(Problem("fault.slow_s", f"fault.kind=slow_node needs extra seconds per step above 0, got "
+                               f"{f.slow_s}.", "use e.g. fault.slow_s=1.0."))
+        if f.at_step is None or not 0 <= f.at_step < steps:
+            out.append(Problem("fault.at_step", f"fault.kind=slow_node needs the step it starts at, 0 .. {steps - 1}, "
+                               f"got {f.at_step}.", f"use fault.at_step between 0 and {steps - 1}."))
+    if not fo.straggler_margin > 1 or fo.straggler_steps < 1:
+        out.append(Problem("failover.straggler_margin, failover.straggler_steps", f"need a margin above 1 and at least "
+                           f"one step, got {fo.straggler_margin} and {fo.straggler_steps}.", "use e.g. 1.3 and 5."))
     if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank):
         world = nodes * spec.hardware.gpus_per_node
         if f.rank is None or not 0 <= f.rank < world:

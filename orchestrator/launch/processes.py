@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.launch.forkserver import die_with_parent as _die_with_parent
 
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
 ECHOED = ("step ", "generation ", "resumed from", "copy ", "stopping after")  # whichever rank says them
 WARNED = ("Error", "Traceback", "CHECKPOINT", "NO INTACT")
 
@@ -54,8 +56,9 @@ class LocalResult:
 def last_error(logs: Path, name: str) -> str:
     """The error a crashed rank ended with: the last line of its log that names an exception
     (the comparison that tells a repeated bug from a fault)."""
-    try:
-        lines = [x.strip() for x in (Path(logs) / f"{name}.log").read_text(errors="replace").splitlines() if x.strip()]
+    try:  # torch prefixes what a rank prints of an uncaught error with "[rankN]: "
+        lines = [RANK_PREFIX.sub("", x).strip() for x in (Path(logs) / f"{name}.log").read_text(errors="replace").splitlines()
+                 if x.strip()]
     except OSError:
         return "no log"
     errors = [x for x in lines if "Error" in x.split(":", 1)[0] or "Exception" in x.split(":", 1)[0]]

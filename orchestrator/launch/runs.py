@@ -111,6 +111,8 @@ def show_status(run_dir: Path) -> int:
             print(f"{key:<9} {status[key]}")
     if status.get("control", {}).get("dropped_total"):  # control messages refused (launch/control.py)
         print(f"control   {status['control']['dropped_total']} message(s) dropped: {status['control']['dropped']}")
+    for s in status.get("stragglers", []):  # launch/stragglers.py
+        print(f"straggler {s['what']}")
     for e in read_events(run_dir):
         print(f"event     {e.get('mode')}: " + ", ".join(f"{k}={e[k]}" for k in ("nodes_lost", "steps_lost", "recovery_s",
                                                                                  "resumed_from_step") if k in e))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.config.errors import Problem
+from orchestrator.config.schema import FaultKind
 from orchestrator.launch import sbatch
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.status import write_status
@@ -130,9 +131,10 @@ def local_only_problems(spec) -> list[Problem]:
                            f"launcher only; a SLURM job asks for cluster.nodes={spec.cluster.nodes} and, after a "
                            f"node loss, goes on in place or re-plans on the survivors.",
                            "set cluster.spare_nodes=0 (or raise cluster.nodes and keep copies: layout.dp_shard)."))
-    if spec.fault.kill_node is not None or spec.fault.rank is not None:
-        out.append(Problem("fault.kill_node", "fault injection emulates a node loss in the local launcher; a SLURM "
-                           "job has real nodes.", "unset fault.*; fail a node with slurm/kill-node.sh NODE instead."))
+    if spec.fault.kind == FaultKind.kill_node and spec.fault.kill_node is not None:  # the rank kinds and slow_node run
+        out.append(Problem("fault.kill_node", "fault.kind=kill_node emulates a node loss in the local launcher; a "
+                           "SLURM job has real nodes.", "unset fault.kill_node; fail a node with slurm/kill-node.sh "
+                           "NODE instead (fault.kind=crash_rank, hang_rank and slow_node are injected on SLURM)."))
     return out
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch import sbatch
+from orchestrator.launch import faults, progress, sbatch, stragglers
 from orchestrator.launch.status import read_status, steps_completed, write_status
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
@@ -77,11 +77,15 @@ def node_fail_wait_s(lc) -> float:
     return max(60.0, timeout + 30.0)
 
 
-def _crash_error(logs: Path) -> str | None:
-    """The first error a rank of the step ended with (rank%t.log), None when none did."""
+def _crash_error(logs: Path, run_dir: Path) -> str | None:
+    """The error the step's first crashed rank ended with (rank%t.log), None when none did: the
+    rank furthest behind by its progress beat first (its peers then fail of it: "connection
+    closed by peer"), then the others in order."""
     from orchestrator.launch.processes import last_error
 
-    for log in sorted(Path(logs).glob("rank*.log")):
+    beats = progress.read(run_dir)
+    first = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).task if beats else None
+    for log in sorted(Path(logs).glob("rank*.log"), key=lambda p: (p.stem != f"rank{first}", p.name)):
         line = last_error(logs, log.stem)
         if "Error" in line.split(":", 1)[0]:
             return line
@@ -100,6 +104,8 @@ class SrunWorkers(Workers):
         self.stop_requested = False
         self.policy = self.services = None
         self.lost: list[str] = []
+        self.fault_step = faults.armed_step(spec)
+        self.crash: str | None = None  # a rank seen crashed while its peers wait on it
 
     # what the in-place policy asks
     def say(self, text: str) -> None:
@@ -130,13 +136,19 @@ class SrunWorkers(Workers):
         self.current, self.policy = for_attempt(self.spec, plan_dir, alive, need), policy
         self.plan_dir = Path(plan_dir)
         (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+        progress.clear(self.run_dir)  # the beats of this attempt's ranks, read by wait (a hang)
+        self.crash = None
+        self.deadline = progress.deadline_s(json.loads((plan_dir / rundir.PLAN_JSON).read_text()), self.spec.failover)
+        env = {**env, **faults.env(self.spec, attempt, self.fault_step)}
         if policy is not None:
             from orchestrator.launch.control import JobServices
 
             self._close()
+            fo = self.spec.failover
             self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
-                                        policy.decide, self.spec.failover.quorum_s, host=socket.gethostname(),
-                                        run_dir=str(self.run_dir), commit_timeout_s=self.spec.failover.timeout_s)
+                                        policy.decide, fo.quorum_s, host=socket.gethostname(),
+                                        run_dir=str(self.run_dir), commit_timeout_s=fo.timeout_s,
+                                        stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps))
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
@@ -179,6 +191,13 @@ class SrunWorkers(Workers):
                 self.services.coordinator.lost(copies)
             if self.policy is not None:
                 self.policy.poll()
+                for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
+                    stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
+                                    self.spec.failover, 0, self.say)
+            late = progress.watch(self.run_dir, self.deadline, self.lost) if code is None and not self.crash else None
+            outcome = self._hung(late) if late is not None else None
+            if outcome is not None:
+                return outcome
             if code is not None:
                 break
             time.sleep(lc.poll_s)
@@ -196,12 +215,36 @@ class SrunWorkers(Workers):
         self._close()
         if self.lost:
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
-        error = _crash_error(self.plan_dir / rundir.LOGS)
+        error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
-            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
-                           error=error)
+            beats = progress.read(self.run_dir)  # detected: from the last sign of life of the rank furthest behind
+            since = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).time if beats else None
+            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}",
+                           time.time() - since if since else None, crashed=True, error=error)
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
+
+    def _hung(self, late) -> Outcome | None:
+        """A rank past the progress deadline: every task dumps its Python stack into its log
+        (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
+        treated as lost: the step ends and the run restarts without it (in place needs its
+        ranks killed on their node, which this step cannot do alone)."""
+        from orchestrator.launch.processes import last_error
+
+        now = time.time()
+        error = last_error(self.plan_dir / rundir.LOGS, f"rank{late.task}")
+        if "Error" in error.split(":", 1)[0]:  # not a hang: it crashed, and its peers wait on it until their
+            self.crash = error  # collective times out; the step then ends and is read as a crash
+            print(f"rank {late.rank} crashed ({error}); its peers stop at their collective timeout", flush=True)
+            return None
+        self.signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        log = self.plan_dir / rundir.LOGS / f"rank{late.task}.log"
+        what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log))
+        print(f"HANG: {what}", flush=True)
+        self.lost.append(late.host)
+        self.stop()
+        return Outcome(False, list(self.lost), what, now - late.time)
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -46,6 +46,7 @@ ENV_JOIN_NOW = "ORCH_JOIN_NOW"  # "1": join at once instead of at the next gener
 ENV_FAULT_MODE, ENV_FAULT_NODE, ENV_FAULT_STEP = "ORCH_FAULT_MODE", "ORCH_FAULT_NODE", "ORCH_FAULT_STEP"
 ENV_FORK_SERVER = "ORCH_FORK_SERVER"  # "0": one interpreter per rank instead of the fork server
 ENV_FAULT_RANK = "ORCH_FAULT_RANK"  # fault.kind=crash_rank|hang_rank: the global rank it hits
+ENV_FAULT_SLOW_S = "ORCH_FAULT_SLOW_S"  # fault.kind=slow_node: the extra seconds a step on ORCH_FAULT_NODE
 ENV_JOB = "ORCH_JOB"  # the job's prefix for every key of the (unauthenticated) store
 ENV_CONTROL_KEY_FILE = "ORCH_CONTROL_KEY_FILE"  # the file holding the job's control secret (0600)
 ENV_HOSTS = "ORCH_HOSTS"  # SLURM: the host of each logical node, in the plan's order (placement)

@@ -50,9 +50,10 @@ def _tensorboard(logdir: Path, event: dict, n: int) -> None:
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    step = int(event.get("resumed_from_step") or event.get("failed_after_step") or 0)
+    step = int(event.get("resumed_from_step") or event.get("failed_after_step") or event.get("step") or 0)
     values = [Summary.Value(tag="failover/count", simple_value=float(n))]
-    for key, tag in (("steps_lost", "failover/steps_lost"), ("recovery_s", "failover/recovery_s")):
+    for key, tag in (("steps_lost", "failover/steps_lost"), ("recovery_s", "failover/recovery_s"),
+                     ("ratio", "failover/straggler_ratio")):
         if isinstance(event.get(key), (int, float)):
             values.append(Summary.Value(tag=tag, simple_value=float(event[key])))
     if isinstance(event.get("new_layout"), dict) and "dp" in event["new_layout"]:

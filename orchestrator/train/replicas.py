@@ -96,12 +96,16 @@ class Replicas:
         dist.broadcast_object_list(box, src=0)  # inside the copy's own world
         return box[0]
 
-    def commit(self, step: int, ok: bool, sums: torch.Tensor) -> dict:
+    def commit(self, step: int, ok: bool, sums: torch.Tensor, busy_s: float = 0.0, saving: bool = False) -> dict:
         """End of a step: the copy's (loss, count, stop) summed inside the copy, with whether every
         rank got through the cross-copy collectives; the leader asks to commit (or reports the
-        failure) with them, and the answer carries the totals over every copy."""
+        failure) with them, and the answer carries the totals over every copy. `busy_s`: the
+        leader's time on the copy's own work before it waited on the other copies (its peers in
+        the copy are in lockstep with it through the copy's collectives): the coordinator's
+        straggler measure; `saving`: a checkpoint save shared that time (not counted against it)."""
         totals = self.copy_totals(sums, ok)
-        body = {"op": "failed" if totals[3] > 0 else "commit", "step": step, "sums": totals[:3]}
+        body = {"op": "failed" if totals[3] > 0 else "commit", "step": step, "sums": totals[:3],
+                "busy": float(busy_s), "saving": bool(saving)}
         # The coordinator answers within its commit deadline plus the quorum window; past that it is gone.
         return self.ask(body, timeout_s=4 * self.timeout_s + 60)
 

@@ -95,6 +95,7 @@ class Trainer:
         self.meshes = world.init(self.plan, hw.backend.value, self.device.type, self.place, job_store)
         self.coords = self.place.coords
         self.replicas = None
+        self._saving = self._saved = False  # a checkpoint save shares the copy's next step (its commit says so)
         if job_store is not None:
             first = [self.place.copy] if self.joining else list(range(self.lay["dp_replicate"]))
             self.replicas = Replicas(job_store, os.environ.get(rundir.ENV_CONTROL), self.place.copy, self.place.local,
@@ -168,9 +169,11 @@ class Trainer:
     def train_step(self, step: int) -> float | None:
         """One optimizer step over this rank's share of the global batch; the mean loss, or None
         when the copies re-formed instead (the step is then redone by the new generation)."""
+        t0 = time.perf_counter()
+        _slow_if_injected(step)
         local = self._forward_backward(step)
-        if self.replicas is not None:
-            return self._commit_across_copies(step, local)
+        if self.replicas is not None:  # this copy's own work (its straggler measure, launch/stragglers.py)
+            return self._commit_across_copies(step, local, time.perf_counter() - t0)
         if self.experts is not None:
             self.experts.scale_grads()
         for opt in self.opts:
@@ -233,7 +236,7 @@ class Trainer:
                 local /= self._real
         return local
 
-    def _commit_across_copies(self, step: int, local: float | None) -> float | None:
+    def _commit_across_copies(self, step: int, local: float | None, busy_s: float) -> float | None:
         """Average the gradients across the copies, then step only if every copy can: the
         coordinator grants the commit once all asked, so no copy is ever a step ahead."""
         rep = self.replicas
@@ -246,7 +249,8 @@ class Trainer:
             ok = False
         if not ok:  # drop the groups now, so every peer learns it fast (outside the except: its
             rep.drop()  # traceback holds the group, whose destructor would then run on this thread)
-        answer = rep.commit(step, ok, agg)  # the loss and stop flag cross copies through the leaders
+        saving, self._saved = self._saved or self._saving, False
+        answer = rep.commit(step, ok, agg, busy_s, saving)  # the loss and stop flag cross copies through the leaders
         if answer["op"] == "commit":
             for opt in self.opts:
                 opt.step()
@@ -330,17 +334,19 @@ class Trainer:
         pending, step = None, start
         while step < tr.steps:
             _fault_if_injected(self.rank, step, self.attempt)
-            world.beat(self.run_dir, step, "begin")
+            world.beat(self.run_dir, step, "begin", self.rank)
             t0 = time.perf_counter()
+            self._saving = pending is not None  # an asynchronous save in flight shares this copy's step
             loss = profiler.run(step, lambda: self.train_step(step))
             if loss is None:
                 continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
-            world.beat(self.run_dir, step, "end")
+            world.beat(self.run_dir, step, "end", self.rank)
             self._record(log, step, loss, dt, profiler.profiled(step))
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
                 pending = self.save(step + 1, pending, fault if fault and step + 1 == fault.step else None)
+                self._saved = True  # the next step's commit says so: its wait on this copy is the save's
             if self._stop_requested(step):
                 if pending is not None:
                     pending.finish()
@@ -466,6 +472,15 @@ def _fault_hook(rank: int, gpus_per_node: int):
     if rank // gpus_per_node != int(os.environ[rundir.ENV_FAULT_NODE]):
         return None
     return _Fault(int(os.environ[rundir.ENV_FAULT_STEP]))
+
+
+def _slow_if_injected(step: int) -> None:
+    """Fault injection (fault.kind=slow_node): every rank of the slow node spends ORCH_FAULT_SLOW_S
+    more on each step from ORCH_FAULT_STEP on, whatever the attempt (the node stays slow). The
+    node is the physical one the launcher put this process on (GROUP_RANK): a spare is not slow."""
+    if (os.environ.get(rundir.ENV_FAULT_MODE) == "slow_node" and step >= int(os.environ[rundir.ENV_FAULT_STEP])
+            and os.environ.get("GROUP_RANK") == os.environ[rundir.ENV_FAULT_NODE]):
+        time.sleep(float(os.environ[rundir.ENV_FAULT_SLOW_S]))
 
 
 def _fault_if_injected(rank: int, step: int, attempt: int) -> None:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_STOPPED, RankExit
+from orchestrator.rundir import EXIT_LEFT, EXIT_STOPPED, RankExit
 from orchestrator.train.trainer import Trainer
 
 log = logging.getLogger("orchestrator.train.worker")  # not __name__: "__main__" under python -m
@@ -73,12 +73,17 @@ def main() -> None:
     stop = {"requested": False}
     for sig in (signal.SIGUSR2, signal.SIGTERM):  # SLURM: time limit (USR2), preemption (TERM first)
         signal.signal(sig, lambda *_: stop.update(requested=True))
+    from orchestrator.train import world
+
     try:
         history = train(Path(sys.argv[1]), should_stop=lambda: stop["requested"])
     except RankExit as e:
+        if e.status == EXIT_LEFT:  # dismissed by the coordinator: its last beat is no hang
+            world.forget_beat()
         if e.message:
             log.error(e.message)
         sys.exit(e.status)
+    world.forget_beat()
     sys.exit(EXIT_STOPPED if history.get("stopped") else 0)
 
 

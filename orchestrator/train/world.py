@@ -10,6 +10,7 @@ carry host scalars over a cpu:gloo side backend (`backend_for`, `host_reduce`).
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +111,25 @@ def world_rank(plan: dict, index: int, coords: dict) -> int:
                                       "tp": coords["tp"], "ep": 0})
 
 
-def beat(run_dir: Path, step: int, phase: str) -> None:
-    """This rank's progress, for the launcher's deadline (launch/progress.py reads it)."""
+_beat_file: list = []  # this process's beat file, once it wrote one
+
+
+def beat(run_dir: Path, step: int, phase: str, rank: int = -1) -> None:
+    """This rank's progress, for the launcher's deadline (launch/progress.py reads it): a file in
+    the shared run directory, named by host and pid (pids repeat across hosts), holding the
+    step, phase, time, pid, global rank, host and SLURM task (its log: rank%t.log)."""
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     d = Path(run_dir) / "progress"
     d.mkdir(exist_ok=True)
-    (d / str(os.getpid())).write_text(f"{step} {phase} {time.time()}")
+    path = d / f"{host}.{os.getpid()}"
+    path.write_text(f"{step} {phase} {time.time()} {os.getpid()} {rank} {host} {os.environ.get('SLURM_PROCID', -1)}")
+    _beat_file[:] = [path]
+
+
+def forget_beat() -> None:
+    """A rank that ended well (finished, or dismissed from the run) is no longer watched."""
+    for path in _beat_file:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
