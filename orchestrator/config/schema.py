@@ -390,15 +390,21 @@ class PublishedConfig:
 
 @dataclass
 class FaultConfig:
-    """Fault injection for tests and demos: kill every process of one emulated node."""
+    """Fault injection for tests and demos: kill every process of one emulated node (or of
+    several at the same step: fault.kill_node=[1,2], two nodes at once)."""
 
-    kill_node: Optional[int] = None
+    kill_node: Any = None  # a node index, or a list of them lost together
     at_step: Optional[int] = None  # once this many steps have completed
     mode: FaultMode = FaultMode.step
     seed: int = 0
     rejoin_at_step: Optional[int] = None  # the killed node comes back once this many steps completed
     kind: FaultKind = FaultKind.kill_node
     rank: Optional[int] = None  # the global rank a rank kind (crash_rank) strikes
+
+    def nodes(self) -> list:
+        """The nodes fault.kill_node names (one or a list; empty when unset)."""
+        k = self.kill_node
+        return [] if k is None else [k] if isinstance(k, (int, str)) else list(k)
 
 
 @dataclass

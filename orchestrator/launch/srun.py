@@ -156,7 +156,7 @@ class SrunWorkers(Workers):
         return sorted({grid.coords(r)["dp"] // plan.layout.dp_shard for r in range(k * gpn, (k + 1) * gpn)})
 
     def wait(self) -> Outcome:
-        from orchestrator.launch.inplace import why_not_in_place
+        from orchestrator.launch.failover import why_not_in_place
 
         lc = self.spec.launcher
         while True:
