@@ -425,8 +425,10 @@ class FailoverConfig:
     # With several copies of the state (layout.dp_shard < dp) the survivors go on in place;
     # false: always re-plan and restart from the last checkpoint.
     in_place: bool = True
-    timeout_s: float = 60.0  # a collective across copies gives up on a silent peer after this
-    quorum_s: float = 10.0  # how long the coordinator waits for every live copy to report
+    # The failover timeouts, ordered: settle window < quorum < collective, hang deadline <
+    # collective (plan/timeouts.py; None: derived from the plan's step and save; plan.md prints them).
+    timeout_s: Optional[float] = None  # a collective across copies gives up on a silent peer after this
+    quorum_s: Optional[float] = None  # after the first copy's report, how long the coordinator waits for the rest
 
 @dataclass
 class SearchConfig:

@@ -27,12 +27,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+# the settle window: SETTLE_FRACTION of the detection deadline, SETTLE_MIN_S .. SETTLE_MAX_S (one
+# definition, with the rest of the timeout ladder)
+from orchestrator.plan.timeouts import SETTLE_FRACTION, SETTLE_MAX_S, SETTLE_MIN_S, settle_s  # noqa: F401
+
 # ---- failures and node states -------------------------------------------------------------
 NODE_LOST, CRASH, HANG, DRAINED = "node_lost", "crash", "hang", "drained"
 DOWN_STATES = ("DOWN", "NOT_RESPONDING", "NO_RESPOND", "FAIL", "FAILING", "POWER_DOWN", "POWERED_DOWN")
 DRAIN_STATES = ("DRAIN", "DRAINING", "DRAINED")
 FLAP_FAILURES, FLAP_WINDOW_S = 2, 3600.0  # failed this many times within the window: flapping
-SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,6 @@ class Verdict:
     excluded: list = field(default_factory=list)  # nodes left out of every later launch (lost, drained, flapping)
     counted: bool = True  # whether it counts against failover.max_failovers(_per_hour)
     exit_code: int = 0  # for "stop": the process's exit status
-
-
-def settle_s(detection_s: float) -> float:
-    """How long to keep gathering failures after the first before deciding: SETTLE_FRACTION of
-    the detection deadline (progress deadline, or the time SLURM takes to mark a node down),
-    between SETTLE_MIN_S and SETTLE_MAX_S. Failures seen within it are one recovery."""
-    return min(SETTLE_MAX_S, max(SETTLE_MIN_S, SETTLE_FRACTION * float(detection_s)))
 
 
 def node_state(state: str, reason: str = "") -> str:

@@ -258,6 +258,9 @@ class LocalWorkers(Workers):
         self.spares -= copies
         self.job.kill([s for s in range(len(self.job.procs)) if self.copy_of.get(s) in copies])
         active = set(self.coordinator.current.copies)
+        if not copies & active and not self.policy.refused:  # the coordinator already re-formed without them
+            self.say(f"FAILURE: {'; '.join(f.cause for f in failures)}; copies {sorted(copies)} already dropped")
+            return None
         verdict = failover.decide(failures, self.policy.plan, copies_alive=len(active - dropped),
                                   spares=len(self.spares))
         cause = "; ".join(f.cause for f in failures)

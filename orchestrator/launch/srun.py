@@ -267,8 +267,10 @@ class Supervisor:
             write_status(run_dir, state="failed", message=msg)
             raise RuntimeError(msg)
         status = read_status(run_dir)
-        write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes,
-                     restarts=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes, restarts=restarts,
+                     message=f"supervisor up on {nodes[0]} (SLURM job {os.environ.get('SLURM_JOB_ID')}"
+                             + (f", requeued {restarts} time(s) by SLURM" if restarts else "") + "), starting the ranks")
         self.workers = SrunWorkers(spec, run_dir, nodes)
         code = supervise(plan, run_dir, self.workers, first_attempt=int(status.get("next_attempt", 0)))
         if code == EXIT_STOPPED:  # every rank saved on request (preemption, time limit): come back

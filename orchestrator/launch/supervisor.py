@@ -112,7 +112,9 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
         if attempt:
             write_plan(plan, plan_dir, figures=False)
         write_status(run_dir, state="running", attempt=attempt, next_attempt=attempt + 1, layout=plan.layout.label(),
-                     nodes=alive, plan_dir=str(plan_dir))
+                     nodes=alive, plan_dir=str(plan_dir),
+                     message=f"attempt {attempt} training on {plan.spec.cluster.nodes} node(s) as {plan.layout.label()}"
+                             + (f", after {failovers} restart(s)" if failovers else ""))
         t_start = time.monotonic()
         policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 and not external(plan) else None
         used = workers.start(attempt, plan_dir, alive, {rundir.ENV_RUN_DIR: str(run_dir),

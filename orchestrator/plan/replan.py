@@ -73,8 +73,10 @@ def replan_with(plan, dp: int, nodes: int, dp_shard: int | None):
     batch = batch_for(spec, dp)
     if isinstance(batch, str):
         return None, None, None, batch
+    derived = ((plan.blast_radius or {}).get("timeouts") or {}).get("derived", [])  # re-derived for the new step
+    fo = dataclasses.replace(spec.failover, **{k: None for k in ("quorum_s", "timeout_s") if k in derived})
     new = with_batch(dataclasses.replace(
-        spec, cluster=dataclasses.replace(spec.cluster, nodes=nodes),
+        spec, failover=fo, cluster=dataclasses.replace(spec.cluster, nodes=nodes),
         layout=dataclasses.replace(spec.layout, dp=dp, search=False, tp=old.tp, cp=old.cp, pp=old.pp,
                                    vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=dp_shard)), batch)
     new_plan = plan_spec(new)
