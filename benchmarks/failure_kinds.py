@@ -27,21 +27,24 @@ KINDS = {
     "crash_rank, restart": ["fault.kind=crash_rank", "fault.rank=1"],
     "crash_rank, in place": ["fault.kind=crash_rank", "fault.rank=1", "layout.dp_shard=1"],
     "hang_rank, restart": ["fault.kind=hang_rank", "fault.rank=1"],
+    "two nodes, restart": ["fault.kill_node=[1,2]"],  # lost together: one decision (launch/failover.py)
+    "two nodes, in place": ["fault.kill_node=[1,2]", "layout.dp_shard=1"],
 }
 
 
 def measure(run: Path) -> str:
     events = [e for e in json.loads((run / "failover.json").read_text()) if e["mode"] != "in_place_refused"]
     ev = events[0]
+    n = f"{len(events)} failover(s), " if len(events) > 1 else ""
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     if ev["mode"] == "restart":
         s = ev["seconds"]
         failed_at = ev["time"] - s["replan"] - (s["detection"] or 0.0)
         first = min((r for r in steps if r["attempt"] == ev["attempt"] + 1), key=lambda r: r["time"])
         detection = "unknown" if s["detection"] is None else f"{s['detection']:.2f} s"
-        return (f"restart: detection {detection}, recovery {first['time'] - failed_at:.2f} s, "
+        return (f"{n}restart: detection {detection}, recovery {first['time'] - failed_at:.2f} s, "
                 f"{ev['steps_lost']} step(s) lost, dp {ev['old_layout']['dp']} -> {ev['new_layout']['dp']}")
-    return (f"{ev['mode']}: recovery {ev['recovery_s']:.2f} s (detection to the first step after), "
+    return (f"{n}{ev['mode']}: recovery {ev['recovery_s']:.2f} s (detection to the first step after), "
             f"{ev['steps_lost']} step(s) lost, {ev['steps_redone']} redone, dp {ev['old_layout']['dp']} -> "
             f"{ev['new_layout']['dp']}")
 

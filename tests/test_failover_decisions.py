@@ -65,17 +65,19 @@ def test_the_supervisor_killed_resumes_from_its_last_complete_checkpoint(tmp_pat
     from orchestrator.launch.runs import final_line
 
     run = tmp_path / "run"
-    args = [*COMMON[:5], "cluster.nodes=2", "hardware.gpus_per_node=1", "layout.dp=2", "training.steps=8",
+    args = [*COMMON[:5], "cluster.nodes=2", "hardware.gpus_per_node=1", "layout.dp=2", "training.steps=6",
             "training.checkpoint.every=2", "training.global_batch=16"]
     cmd = [sys.executable, "-m", "orchestrator", *args, f"hydra.run.dir={run}"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    _killed_after(cmd, run, 5, env)
+    _killed_after(cmd, run, 3, env)
     line = final_line(run)
     assert line.startswith("FAILED") and "supervisor" in line and "is gone" in line, line
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "resumed from" in r.stdout
-    _same_losses(run, tiny_losses, 8)
+    assert "resumed from" in r.stdout and "the supervisor (pid" in r.stdout
+    (event,) = json.loads((run / "failover.json").read_text())
+    assert event["mode"] == "supervisor_lost" and event["resumed_from_step"] == 2
+    _same_losses(run, tiny_losses, 6)
 
 
 # ---- the decision, on SLURM's own output -----------------------------------------------------

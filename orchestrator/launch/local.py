@@ -333,6 +333,7 @@ class LocalLauncher(Launcher):
         from orchestrator.launch.status import read_status, write_status
 
         first = int(read_status(self.run_dir).get("next_attempt", 0))  # a resumed run goes on numbering
+        _note_a_lost_supervisor(self.run_dir, self.spec)
         write_status(self.run_dir, state="running", launcher="local", pid=os.getpid())
         workers = LocalWorkers(self.spec, self.run_dir)
         stop = _StopOnSignal(workers)
@@ -349,6 +350,27 @@ class LocalLauncher(Launcher):
         print(f"done: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
               f"{self.run_dir / 'metrics.json'}, plan and pictures in {self.run_dir}")
         return 0
+
+
+def _note_a_lost_supervisor(run_dir: Path, spec) -> None:
+    """A run whose earlier supervisor died (killed, or its machine lost) is resumed from its last
+    complete checkpoint: said, and recorded in failover.json."""
+    from orchestrator.launch.runs import state
+    from orchestrator.launch.status import read_status, write_status
+    from orchestrator.plan import checkpoints as ckpt, events
+
+    before = read_status(run_dir)
+    if before.get("state") in ("running", "re-forming"):
+        state(run_dir)  # marks a dead supervisor (status.supervisor_lost)
+    lost = read_status(run_dir).get("supervisor_lost")
+    if not lost:
+        return
+    write_status(run_dir, supervisor_lost=None)
+    resume = ckpt.latest_complete(ckpt.url_for(spec.training.checkpoint.dir, run_dir)) or 0
+    events.record(run_dir, {"mode": "supervisor_lost", "pid": lost, "resumed_from_step": resume,
+                            "failed_after_step": steps_completed(run_dir, range(10**6))})
+    print(f"the supervisor (pid {lost}) of this run was lost; resuming from the last complete checkpoint "
+          f"(step {resume})", flush=True)
 
 
 class _StopOnSignal:

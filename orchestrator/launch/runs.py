@@ -228,7 +228,7 @@ def state(run_dir: Path) -> str:
         new_msg = (f"the supervisor (orchestrate, pid {status['pid']}) is gone, killed or its machine lost, while the "
                    f"run was {current}" + (f" ({status['message']})" if status.get("message") else "") +
                    "; its ranks died with it")
-        write_status(run_dir, state="failed", message=new_msg)
+        write_status(run_dir, state="failed", message=new_msg, supervisor_lost=status["pid"])
         return "failed"
     if current in DONE or job is None:
         return current

@@ -12,9 +12,15 @@ before the time limit, TERM first when it preempts); every rank saves at the nex
 boundary and exits with EXIT_STOPPED, and the supervisor has the job requeued (`scontrol
 requeue`, at most launcher.max_requeues times); the requeued job resumes from that
 checkpoint. When SLURM signals the batch step itself, submitit calls
-`Supervisor.checkpoint`, which forwards the signal and does the same. Limits: the supervisor lives on the allocation's first node;
-if that node dies the job ends (SLURM requeues it when JobRequeue allows, and the next
-supervisor resumes from the last complete checkpoint).
+`Supervisor.checkpoint`, which forwards the signal and does the same.
+
+The supervisor's own node: the supervisor (with the coordinator and the job's store) lives in
+the batch step on the allocation's first node. If that node dies SLURM ends the job as
+NODE_FAIL, and because the job is submitted with `--requeue` SLURM requeues it by itself
+(SLURM_RESTART_COUNT > 0); the new supervisor finds status.json still "running", records a
+`supervisor_lost` event and resumes from the last complete checkpoint (steps since it are
+redone). The local launcher does the same when the killed `orchestrate` is run again
+(tests/test_failover_decisions.py).
 """
 from __future__ import annotations
 
@@ -267,6 +273,11 @@ class Supervisor:
             write_status(run_dir, state="failed", message=msg)
             raise RuntimeError(msg)
         status = read_status(run_dir)
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) and status.get("state") in ("running", "re-forming"):
+            # SLURM requeued the job without this supervisor asking (its node failed: NODE_FAIL, --requeue)
+            events.record(run_dir, {"mode": "supervisor_lost", "job_id": os.environ.get("SLURM_JOB_ID"),
+                                    "restarts": int(os.environ["SLURM_RESTART_COUNT"]),
+                                    "failed_after_step": steps_completed(run_dir, range(10**6))})
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes, restarts=restarts,
                      message=f"supervisor up on {nodes[0]} (SLURM job {os.environ.get('SLURM_JOB_ID')}"

@@ -15,7 +15,7 @@ from orchestrator.config.schema import Config
 from orchestrator.plan.axes import AXES, FSDP_DIMS, MESH_DIMS, REPLICATE_DIMS
 from orchestrator.plan.cost import AxisReport, Step, auto_order, axis_traffic, step_time
 from orchestrator.plan.inventory import Memory, inventory
-from orchestrator.plan import timeouts
+import orchestrator.plan.timeouts as timeouts
 from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_memory
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
