@@ -3,7 +3,8 @@ the end by the `orchestrate` process with the failover loop every launcher share
 
 A rank killed by a signal is how an (emulated) node dies: with several copies of the
 model state the other copies go on in place (launch/inplace.py), otherwise the
-supervisor re-plans on the other nodes and restarts. A rank that exits with an error is
+supervisor re-plans on the other nodes and restarts; ranks that fail within the settle
+window are one failure, and launch/failover.py decides what it calls for. A rank that exits with an error is
 the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
 every rank before the launcher exits.
 """

@@ -4,8 +4,11 @@ The batch job runs `Supervisor` (submitted by launch/slurm.py with submitit, dir
 the batch step, not under srun). It runs the same failover loop as the local launcher
 (supervisor.py) with `SrunWorkers`: each attempt is one `srun --no-kill` step on the
 nodes still alive. The job is submitted with `--no-kill`, so losing a node does not end
-the allocation: the supervisor sees the node go down (sinfo), stops the step, re-plans
-on the survivors and starts a new step, with nobody watching on the login node.
+the allocation: the supervisor sees the node go down (sinfo), gathers every node that fails
+within the settle window (two at once are one recovery), stops the step, re-plans on the
+survivors and starts a new step, with nobody watching on the login node. A node SLURM
+reports drained or draining is left out of every later step and not counted as a failure;
+what to do is decided in launch/failover.py.
 
 Preemption and time limits: SLURM signals the training step (USR2 `signal_delay_s`
 before the time limit, TERM first when it preempts); every rank saves at the next step
