@@ -208,6 +208,7 @@ class LocalWorkers(Workers):
                     return Outcome(False, [], f"copy {copy} slot {slot} on node {node} {_describe(code)}; logs in "
                                    f"{self.job.run_dir / 'logs'}")
                 hit.append((slot, code))
+                self._seen(slot, code)  # what failed is known now; what to do, once the window closes
                 first = first or time.monotonic()
             if hit and time.monotonic() - first >= self.settle:  # every failure of the window: one decision
                 outcome = self._nodes_lost(hit, dropped)
@@ -232,6 +233,13 @@ class LocalWorkers(Workers):
                                self._detected())
             time.sleep(0.05)
 
+    def _seen(self, slot: int, code: int) -> None:
+        """A rank ended unexpectedly: a signal is its node lost, an error exit a crash (node up)."""
+        if code > 0:
+            self.crash_error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot])
+        elif self.job.node_of(slot) not in self.lost:
+            self.lost.append(self.job.node_of(slot))
+
     def _nodes_lost(self, hit: list[tuple[int, int]], dropped: set[int]):
         """Ranks killed (their nodes lost) and ranks that crashed (an error exit: their copy),
         seen within one settle window: the copies hit drop out; the others go on in place, or
@@ -241,13 +249,10 @@ class LocalWorkers(Workers):
             node, crashed = self.job.node_of(slot), code > 0
             error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot]) if crashed else None
             if crashed:
-                self.crash_error = error
                 failures.append(failover.Failure(node, failover.CRASH, f"slot {slot} on node {node} crashed "
                                                  f"({_describe(code)}: {error}); node {node} stays up", error))
                 on = [slot]
             else:
-                if node not in self.lost:
-                    self.lost.append(node)
                 hang = self.hang is not None and self.hang[0] == node
                 failures.append(failover.Failure(node, failover.HANG if hang else failover.NODE_LOST, self.hang[1]
                                                  if hang else f"node {node} lost ({_describe(code)}, slot {slot})"))
