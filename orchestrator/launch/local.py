@@ -4,8 +4,8 @@ the end by the `orchestrate` process with the failover loop every launcher share
 A rank killed by a signal is how an (emulated) node dies: with several copies of the
 model state the other copies go on in place (launch/inplace.py), otherwise the
 supervisor re-plans on the other nodes and restarts; ranks that fail within the settle
-window are one failure, and launch/failover.py decides what it calls for. A rank that exits with an error is
-the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
+window are one failure, and launch/failover.py decides what it calls for. A rank that
+exits with an error is the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
 every rank before the launcher exits.
 """
 from __future__ import annotations
@@ -93,7 +93,6 @@ class LocalWorkers(Workers):
         gpn = self.spec.hardware.gpus_per_node
         active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
         self.current = list(active)
-        self.lost_here: list = []  # (node, slot, code) failures gathered in the settle window
         if policy is not None:
             env.update(self._serve(policy, plan_dir))
         self.job = local_job(plan_dir, nodes=len(active), gpus_per_node=gpn, env=env, echo=self.echo)

@@ -68,7 +68,8 @@ def _what(run_dir: Path, status: dict, now: str) -> str:
     if now == "queued":
         return f"waiting in the queue{job}, nothing has run yet" if not done else f"waiting in the queue{job}"
     if now in ("running", "re-forming"):
-        return (f"attempt {status.get('attempt', 0)}{job} {'re-forming after a failure' if now == 're-forming' else 'training'}"
+        doing = "re-forming after a failure" if now == "re-forming" else "training"
+        return (f"attempt {status.get('attempt', 0)}{job} {doing}"
                 f" on {len(status.get('nodes') or [])} node(s), layout {status.get('layout', '?')}: step {done} of "
                 f"{steps} done")
     return f"{now}{job} after step {done} of {steps}, with no reason recorded (see failover.json and the logs)"

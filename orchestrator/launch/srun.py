@@ -190,8 +190,8 @@ class SrunWorkers(Workers):
             time.sleep(1.0)
         self._close()
         if self.lost:
-            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}",
-                           drained=list(self.drained))
+            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with "
+                           f"{code}", drained=list(self.drained))
         error = _crash_error(self.plan_dir / rundir.LOGS)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
             return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}", crashed=True,
@@ -284,7 +284,8 @@ class Supervisor:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes, restarts=restarts,
                      message=f"supervisor up on {nodes[0]} (SLURM job {os.environ.get('SLURM_JOB_ID')}"
-                             + (f", requeued {restarts} time(s) by SLURM" if restarts else "") + "), starting the ranks")
+                             + (f", requeued {restarts} time(s) by SLURM" if restarts else "")
+                             + "), starting the ranks")
         self.workers = SrunWorkers(spec, run_dir, nodes)
         code = supervise(plan, run_dir, self.workers, first_attempt=int(status.get("next_attempt", 0)))
         if code == EXIT_STOPPED:  # every rank saved on request (preemption, time limit): come back
