@@ -42,6 +42,11 @@ from orchestrator.launch.status import read_status, steps_completed, write_statu
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
 
+def hostnames(nodelist: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
+    return out.stdout.split()
+
+
 def node_states(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> dict[str, tuple[str, str]]:
     """{node: (state, reason)} as SLURM reports them (sinfo; launch/failover.parse_sinfo reads
     it). A slurmctld that does not answer (sinfo timing out or failing) is retried `tries`
