@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.plan.timeouts import DEADLINE_FACTOR, DEADLINE_FLOOR_S, detection_s
+from orchestrator.plan.timeouts import DEADLINE_FACTOR, DEADLINE_FLOOR_S, detection_s  # noqa: F401
 
 
 def deadline_s(plan: dict, fo) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED
+from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED  # noqa: F401 (EXIT_NO_PROGRESS: returned via decide)
 from orchestrator.plan import events
 from orchestrator.launch.manifest import record_attempt
 from orchestrator.launch import failover
