@@ -45,6 +45,8 @@ KINDS = {
     "hang_rank, restart": ["fault.kind=hang_rank", "fault.rank=1"],
     "slow_node, kept": [*SLOW, "layout.dp_shard=1"],
     "slow_node, to a spare": [*SLOW, "layout.dp_shard=1", "cluster.spare_nodes=1", "failover.evict_stragglers=true"],
+    "two nodes, restart": ["fault.kill_node=[1,2]"],  # lost together: one decision (launch/failover.py)
+    "two nodes, in place": ["fault.kill_node=[1,2]", "layout.dp_shard=1"],
 }
 SLURM = [*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "training.steps=12",
          "failover.progress_deadline_s=10"]
@@ -71,6 +73,7 @@ def measure(run: Path, killed_at: float | None = None) -> str:
         return "no failover event"
     steps = _metrics(run)
     ev = events[0]
+    n = f"{len(events)} failover(s), " if len(events) > 1 and events[0]["mode"] != "straggler" else ""
     if ev["mode"] == "straggler":
         begun = max((r["time"] for r in steps if r["step"] == ev["step"] - ev["steps"]), default=None)
         named = f"named after {ev['steps']} steps ({ev['ratio']:.2f}x the median)" + (
@@ -88,14 +91,14 @@ def measure(run: Path, killed_at: float | None = None) -> str:
         first = min((r for r in steps if r["attempt"] == ev["attempt"] + 1), key=lambda r: r["time"])
         detection = (f"{decided - killed_at:.2f} s" if killed_at is not None else
                      "unknown" if s["detection"] is None else f"{s['detection']:.2f} s")
-        return (f"restart: detection {detection}, recovery {first['time'] - failed_at:.2f} s, "
+        return (f"{n}restart: detection {detection}, recovery {first['time'] - failed_at:.2f} s, "
                 f"{ev['steps_lost']} step(s) lost, dp {ev['old_layout']['dp']} -> {ev['new_layout']['dp']}")
     if killed_at is None:
         detection, recovery = "", ev["recovery_s"]
     else:  # the coordinator may decide before the supervisor sees the node down: from the kill to the decision
         detection = f"detection {(ev.get('detected_at') or ev['decided_at']) - killed_at:.2f} s, "
         recovery = min(r["time"] for r in steps if r["attempt"] == ev["attempt"]) - killed_at
-    return (f"{ev['mode']}: {detection}recovery {recovery:.2f} s (to the first step after), "
+    return (f"{n}{ev['mode']}: {detection}recovery {recovery:.2f} s (to the first step after), "
             f"{ev['steps_lost']} step(s) lost, {ev['steps_redone']} redone, dp {ev['old_layout']['dp']} -> "
             f"{ev['new_layout']['dp']}")
 

@@ -424,10 +424,11 @@ class PublishedConfig:
 
 @dataclass
 class FaultConfig:
-    """Fault injection for tests and demos (fault.kind): a node kind strikes node
-    fault.kill_node, a rank kind global rank fault.rank."""
+    """Fault injection for tests and demos (fault.kind): a node kind strikes node fault.kill_node
+    (or several at the same step: fault.kill_node=[1,2], two nodes at once), a rank kind global
+    rank fault.rank."""
 
-    kill_node: Optional[int] = None  # the node a node kind strikes (kill_node, slow_node)
+    kill_node: Any = None  # the node(s) a node kind strikes (kill_node, slow_node): an index or a list
     at_step: Optional[int] = None  # once this many steps have completed
     mode: FaultMode = FaultMode.step
     seed: int = 0
@@ -435,6 +436,11 @@ class FaultConfig:
     kind: FaultKind = FaultKind.kill_node
     rank: Optional[int] = None  # the global rank a rank kind (crash_rank, hang_rank) strikes
     slow_s: float = 1.0  # slow_node: the extra seconds each of its ranks spends in every step
+
+    def nodes(self) -> list:
+        """The nodes fault.kill_node names (one or a list; empty when unset)."""
+        k = self.kill_node
+        return [] if k is None else [k] if isinstance(k, (int, str)) else list(k)
 
 
 @dataclass
@@ -455,8 +461,10 @@ class FailoverConfig:
     # With several copies of the state (layout.dp_shard < dp) the survivors go on in place;
     # false: always re-plan and restart from the last checkpoint.
     in_place: bool = True
-    timeout_s: float = 60.0  # a collective across copies gives up on a silent peer after this
-    quorum_s: float = 10.0  # how long the coordinator waits for every live copy to report
+    # The failover timeouts, ordered: settle window < quorum < collective, hang deadline <
+    # collective (plan/timeouts.py; None: derived from the plan's step and save; plan.md prints them).
+    timeout_s: Optional[float] = None  # a collective across copies gives up on a silent peer after this
+    quorum_s: Optional[float] = None  # after the first copy's report, how long the coordinator waits for the rest
     # A straggler: a copy whose own work in a step (before it waits on the other copies) took more
     # than straggler_margin x the copies' median for straggler_steps steps in a row (steps its copy
     # spent saving a checkpoint are not counted). It is named in status.json, TensorBoard and
@@ -466,6 +474,7 @@ class FailoverConfig:
     straggler_margin: float = 1.3
     straggler_steps: int = 5
     evict_stragglers: bool = False
+
 
 @dataclass
 class SearchConfig:

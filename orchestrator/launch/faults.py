@@ -19,7 +19,7 @@ NODE_KINDS = (FaultKind.kill_node, FaultKind.slow_node)  # fault.kill_node names
 def armed_step(spec) -> int | None:
     """The step the fault fires after (None: no fault)."""
     f = spec.fault
-    armed = f.kill_node is not None if f.kind in NODE_KINDS else f.rank is not None
+    armed = bool(f.nodes()) if f.kind in NODE_KINDS else f.rank is not None
     if not armed:
         return None
     if f.mode == FaultMode.random:
@@ -33,7 +33,7 @@ def env(spec, attempt: int, step: int | None) -> dict:
     if step is None:
         return {}
     if f.kind == FaultKind.slow_node:
-        return {rundir.ENV_FAULT_MODE: "slow_node", rundir.ENV_FAULT_NODE: str(f.kill_node),
+        return {rundir.ENV_FAULT_MODE: "slow_node", rundir.ENV_FAULT_NODE: str(f.nodes()[0]),
                 rundir.ENV_FAULT_STEP: str(step), rundir.ENV_FAULT_SLOW_S: str(f.slow_s)}
     if attempt != 0:
         return {}
@@ -41,6 +41,6 @@ def env(spec, attempt: int, step: int | None) -> dict:
         return {rundir.ENV_FAULT_MODE: f.kind.value, rundir.ENV_FAULT_RANK: str(f.rank),
                 rundir.ENV_FAULT_STEP: str(step)}
     if f.mode == FaultMode.during_save:
-        return {rundir.ENV_FAULT_MODE: "during_save", rundir.ENV_FAULT_NODE: str(f.kill_node),
+        return {rundir.ENV_FAULT_MODE: "during_save", rundir.ENV_FAULT_NODE: str(f.nodes()[0]),
                 rundir.ENV_FAULT_STEP: str(step)}
     return {}

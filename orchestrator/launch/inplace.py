@@ -19,13 +19,13 @@ falls back to re-plan and restart, saying why.
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.launch.control import Decision
+from orchestrator.launch.failover import copies_short
 from orchestrator.launch.status import read_metrics
 from orchestrator.rundir import events
 from orchestrator.report.artifacts import write_plan
@@ -34,22 +34,6 @@ from orchestrator.report.artifacts import write_plan
 def copy_size(plan) -> int:
     d = plan.layout
     return d.tp * d.cp * d.pp * d.dp_shard
-
-
-def why_not_in_place(plan) -> str | None:
-    """Why this plan cannot lose a copy in place (None: it can)."""
-    d, fo = plan.layout, plan.spec.failover
-    if plan.spec.trainer.name.value != "orchestrator":
-        return (f"in place needs the built-in runtime (trainer={plan.spec.trainer.name.value} restarts on the "
-                f"survivors and resumes from its own checkpoint)")
-    if not fo.enabled or not fo.in_place:
-        return "failover.in_place is off"
-    if d.dp_replicate < 2:
-        return (f"the model state has one copy (layout.dp_shard={d.dp_shard} = dp): losing a rank loses part of it; "
-                f"set layout.dp_shard to a divisor of {d.dp} below it to keep whole copies")
-    if d.ep > 1:
-        return "expert-parallel groups span the copies of the state"
-    return None
 
 
 class InPlace:
@@ -65,9 +49,7 @@ class InPlace:
 
     def copies_alive_for(self, alive: int) -> str | None:
         """Can `alive` copies (with the spares waiting) go on? None if yes, else why not."""
-        if alive + len(self.workers.waiting_spares()) < max(self.plan.spec.failover.min_dp, 1):
-            return f"{alive} copy(ies) left, below failover.min_dp={self.plan.spec.failover.min_dp}"
-        return None
+        return copies_short(self.plan, alive, len(self.workers.waiting_spares()))
 
     def decide(self, alive: list[int], dead: list[int], joiners: list[int], step: int) -> Decision:
         with self.lock:
@@ -106,26 +88,16 @@ class InPlace:
 
     def _replan(self, copies: int):
         """The plan of `copies` copies: the same TP, CP, PP and dp_shard, the global batch kept
-        (split unevenly over the copies when they do not divide it: plan/replan.py batch_for)."""
-        from orchestrator.plan.plan import plan_spec
-        from orchestrator.plan.replan import batch_for, with_batch
+        (split unevenly over the copies when they do not divide it): plan/replan.py replan_with."""
+        from orchestrator.plan.replan import replan_with
 
-        old, spec = self.plan.layout, self.plan.spec
+        old, gpn = self.plan.layout, self.plan.spec.hardware.gpus_per_node
         dp = copies * old.dp_shard
-        gpn = spec.hardware.gpus_per_node
         ranks = dp * old.tp * old.cp * old.pp
         if ranks % gpn:
             return None, f"{copies} copies of {copy_size(self.plan)} ranks do not fill whole nodes of {gpn}"
-        batch = batch_for(spec, dp)
-        if isinstance(batch, str):
-            return None, f"no plan for {copies} copies: {batch}"
-        new = with_batch(dataclasses.replace(
-            spec, cluster=dataclasses.replace(spec.cluster, nodes=ranks // gpn),
-            layout=dataclasses.replace(spec.layout, dp=dp, search=False)), batch)
-        plan = plan_spec(new)
-        if not plan.valid:
-            return None, f"no plan for {copies} copies: " + "; ".join(str(e) for e in plan.errors)
-        return plan, None
+        _, plan, _, why = replan_with(self.plan, dp, ranks // gpn, old.dp_shard)
+        return (plan, None) if why is None else (None, f"no plan for {copies} copies: {why}")
 
     def _stop_event(self, alive, dead, step, why) -> None:
         self.refused = why

@@ -3,8 +3,9 @@ the end by the `orchestrate` process with the failover loop every launcher share
 
 A rank killed by a signal is how an (emulated) node dies: with several copies of the
 model state the other copies go on in place (launch/inplace.py), otherwise the
-supervisor re-plans on the other nodes and restarts. A rank that exits with an error is
-the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
+supervisor re-plans on the other nodes and restarts; ranks that fail within the settle
+window are one failure, and launch/failover.py decides what it calls for. A rank that
+exits with an error is the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
 every rank before the launcher exits.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_LEFT
 from orchestrator.config.schema import FaultKind, FaultMode
-from orchestrator.launch import faults, progress, stragglers
+from orchestrator.launch import failover, faults, progress, stragglers
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
@@ -78,6 +79,7 @@ class LocalWorkers(Workers):
         self.attempt, self.killed_at, self.policy = attempt, None, policy
         progress.clear(self.run_dir)
         self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text()), self.spec.failover)
+        self.settle = failover.settle_s(self.deadline)  # failures this close together are one recovery
         self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
         active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
@@ -96,6 +98,7 @@ class LocalWorkers(Workers):
             self.next_copy = d.dp_replicate
             spare_nodes = [n for n in nodes if n not in active]
             self._spawn_copies(plan_dir, spare_nodes, now=False)
+        return list(active)
 
     def _serve(self, policy, plan_dir: Path) -> dict:
         """The job's store and the coordinator, for this attempt."""
@@ -172,21 +175,24 @@ class LocalWorkers(Workers):
         if (self.attempt == 0 and self.fault_step is not None and f.mode != FaultMode.during_save
                 and f.kind == FaultKind.kill_node
                 and self.killed_at is None and steps_completed(self.run_dir, (0,)) >= self.fault_step):
-            print(f"fault injection: killing every process of node {f.kill_node} after step {self.fault_step}",
+            print(f"fault injection: killing every process of node(s) {f.nodes()} after step {self.fault_step}",
                   flush=True)
             self.killed_at = time.monotonic()
-            self.job.kill_node(f.kill_node)
+            for node in f.nodes():
+                self.job.kill_node(node)
         if (f.rejoin_at_step is not None and self.killed_at and not self.rejoined and self.policy is not None
                 and max((m["step"] + 1 for m in read_metrics(self.run_dir)), default=0) >= f.rejoin_at_step):
             self.rejoined = True
-            self.say(f"fault injection: node {f.kill_node} is back and joins as a new copy")
-            self._spawn_copies(Path(self.coordinator.current.plan_dir), [f.kill_node], now=True)
+            self.say(f"fault injection: node(s) {f.nodes()} back, joining as new copies")
+            self._spawn_copies(Path(self.coordinator.current.plan_dir), f.nodes(), now=True)
 
     def wait(self) -> Outcome:
         if self.policy is None:
             return self._wait_restart_only()
         done: dict[int, int] = {}
         dropped: set[int] = set()  # copies dismissed: their exits are expected
+        hit: list[tuple[int, int]] = []  # (slot, code) of ranks lost since `first`, decided together
+        first = None
         while True:
             self._inject()
             self.policy.poll()
@@ -203,7 +209,12 @@ class LocalWorkers(Workers):
                     self.stop()
                     return Outcome(False, [], f"copy {copy} slot {slot} on node {node} {_describe(code)}; logs in "
                                    f"{self.job.run_dir / 'logs'}")
-                outcome = self._node_lost(node, slot, code, dropped)
+                hit.append((slot, code))
+                self._seen(slot, code)  # what failed is known now; what to do, once the window closes
+                first = first or time.monotonic()
+            if hit and time.monotonic() - first >= self.settle:  # every failure of the window: one decision
+                outcome = self._nodes_lost(hit, dropped)
+                hit, first = [], None
                 if outcome is not None:
                     return outcome
             if self.policy.refused:  # every copy was told to leave: re-plan and restart
@@ -224,33 +235,50 @@ class LocalWorkers(Workers):
                                self._detected())
             time.sleep(0.05)
 
-    def _node_lost(self, node, slot: int, code: int, dropped: set[int]):
-        """A rank killed: its node is lost; a rank that crashed (an error exit): its copy. The
-        copies hit drop out; the rest go on in place, or (when the policy cannot) every rank
-        stops and the loop restarts."""
-        from orchestrator.launch.inplace import why_not_in_place
+    def _seen(self, slot: int, code: int) -> None:
+        """A rank ended unexpectedly: a signal is its node lost, an error exit a crash (node up)."""
+        if code > 0:
+            self.crash_error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot])
+        elif self.job.node_of(slot) not in self.lost:
+            self.lost.append(self.job.node_of(slot))
 
-        crashed = code > 0
-        error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot]) if crashed else None
-        if not crashed and node not in self.lost:
-            self.lost.append(node)
-        self.crash_error = error if crashed else self.crash_error
-        on = [s for s in range(len(self.job.procs)) if (s == slot if crashed else self.job.node_of(s) == node)]
-        copies = {self.copy_of[s] for s in on}
+    def _nodes_lost(self, hit: list[tuple[int, int]], dropped: set[int]):
+        """Ranks killed (their nodes lost) and ranks that crashed (an error exit: their copy),
+        seen within one settle window: the copies hit drop out; the others go on in place, or
+        (as launch/failover.decide says) every rank stops and the loop restarts."""
+        failures, copies = [], set()
+        for slot, code in hit:
+            node, crashed = self.job.node_of(slot), code > 0
+            error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot]) if crashed else None
+            if crashed:
+                failures.append(failover.Failure(node, failover.CRASH, f"slot {slot} on node {node} crashed "
+                                                 f"({_describe(code)}: {error}); node {node} stays up", error))
+                on = [slot]
+            else:
+                hang = self.hang is not None and self.hang[0] == node
+                cause = (self.hang[1] if hang else self.evicted.get(node)
+                         or f"node {node} lost ({_describe(code)}, slot {slot})")
+                failures.append(failover.Failure(node, failover.HANG if hang else failover.NODE_LOST, cause))
+                on = [s for s in range(len(self.job.procs)) if self.job.node_of(s) == node]
+            copies |= {self.copy_of[s] for s in on}
+        seen: set = set()  # one failure per lost node (its every slot exits)
+        failures = [f for f in failures if f.kind == failover.CRASH or not (f.node in seen or seen.add(f.node))]
         dropped |= copies
         self.spares -= copies
         self.job.kill([s for s in range(len(self.job.procs)) if self.copy_of.get(s) in copies])
         active = set(self.coordinator.current.copies)
-        alive = len(active - dropped)
-        why = why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(alive)
-        cause = (f"slot {slot} on node {node} crashed ({_describe(code)}: {error}); node {node} stays up" if crashed
-                 else self.hang[1] if self.hang and self.hang[0] == node
-                 else self.evicted[node] if node in self.evicted
-                 else f"node {node} lost ({_describe(code)}, slot {slot})")
-        if why:
-            self.say(f"FAILURE: {cause}; cannot go on in place: {why}")
+        if not copies & active and not self.policy.refused:  # the coordinator already re-formed without them
+            self.say(f"FAILURE: {'; '.join(f.cause for f in failures)}; copies {sorted(copies)} already dropped")
+            return None
+        verdict = failover.decide(failures, self.policy.plan, copies_alive=len(active - dropped),
+                                  spares=len(self.spares))
+        cause = "; ".join(f.cause for f in failures)
+        crashed = any(f.kind == failover.CRASH for f in failures)
+        if verdict.action not in ("in_place", "spare"):
+            self.say(f"FAILURE: {verdict.reason}")
             self.stop()
-            return Outcome(False, list(self.lost), cause, self._detected(), crashed=crashed, error=error)
+            return Outcome(False, list(self.lost), cause, self._detected(), crashed=crashed,
+                           error=self.crash_error if crashed else None)
         self.policy.detected = time.time()
         self.say(f"FAILURE: {cause}; copies {sorted(copies & active)} lost, the others go on in place")
         self.coordinator.lost(sorted(copies & active))
@@ -262,7 +290,7 @@ class LocalWorkers(Workers):
         return time.monotonic() - self.killed_at if self.killed_at else None
 
     def _wait_restart_only(self) -> Outcome:
-        res = self.job.wait(on_poll=lambda job: self._inject())
+        res = self.job.wait(on_poll=lambda job: self._inject(), settle_s=self.settle)
         if res.ok:
             return Outcome(True)
         detected = self._detected()
@@ -277,7 +305,9 @@ class LocalWorkers(Workers):
             return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
         if self.hang is not None:
             return Outcome(False, [self.current[self.hang[0]]], self.hang[1], self.hang[2])
-        return Outcome(False, [self.current[res.failed_node]], res.cause, detected)
+        lost = [self.current[n] for n in res.failed_nodes]  # every node lost within the settle window
+        return Outcome(False, lost, res.cause if len(lost) == 1 else f"nodes {lost} lost together ({res.cause})",
+                       detected)
 
     def _first_crashed(self):
         """Of the ranks that exited with an error, the one furthest behind (its peers failed of it)."""
@@ -312,6 +342,7 @@ class LocalLauncher(Launcher):
         from orchestrator.launch.status import read_status, write_status
 
         first = int(read_status(self.run_dir).get("next_attempt", 0))  # a resumed run goes on numbering
+        _note_a_lost_supervisor(self.run_dir, self.spec)
         write_status(self.run_dir, state="running", launcher="local", pid=os.getpid())
         workers = LocalWorkers(self.spec, self.run_dir)
         stop = _StopOnSignal(workers)
@@ -328,6 +359,27 @@ class LocalLauncher(Launcher):
         print(f"done: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
               f"{self.run_dir / 'metrics.json'}, plan and pictures in {self.run_dir}")
         return 0
+
+
+def _note_a_lost_supervisor(run_dir: Path, spec) -> None:
+    """A run whose earlier supervisor died (killed, or its machine lost) is resumed from its last
+    complete checkpoint: said, and recorded in failover.json."""
+    from orchestrator.launch.runs import state
+    from orchestrator.launch.status import read_status, write_status
+    from orchestrator.plan import checkpoints as ckpt, events
+
+    before = read_status(run_dir)
+    if before.get("state") in ("running", "re-forming"):
+        state(run_dir)  # marks a dead supervisor (status.supervisor_lost)
+    lost = read_status(run_dir).get("supervisor_lost")
+    if not lost:
+        return
+    write_status(run_dir, supervisor_lost=None)
+    resume = ckpt.latest_complete(ckpt.url_for(spec.training.checkpoint.dir, run_dir)) or 0
+    events.record(run_dir, {"mode": "supervisor_lost", "pid": lost, "resumed_from_step": resume,
+                            "failed_after_step": steps_completed(run_dir, range(10**6))})
+    print(f"the supervisor (pid {lost}) of this run was lost; resuming from the last complete checkpoint "
+          f"(step {resume})", flush=True)
 
 
 class _StopOnSignal:

@@ -41,9 +41,11 @@ def fault_problems(spec: Config) -> list[Problem]:
             out.append(Problem("fault.at_step", f"fault.kind={f.kind.value} needs a step inside 1 .. {steps - 1}, got "
                                f"{f.at_step}.", f"use fault.at_step between 1 and {steps - 1}."))
     if f.kill_node is not None and f.kind == FaultKind.kill_node:
-        if not 0 <= f.kill_node < nodes:
-            out.append(Problem("fault.kill_node", f"node {f.kill_node} does not exist: cluster.nodes is {nodes}.",
-                               f"use 0 .. {nodes - 1}."))
+        bad = [n for n in f.nodes() if not isinstance(n, int) or not 0 <= n < nodes]
+        if bad or len(set(f.nodes())) != len(f.nodes()) or 1 < len(f.nodes()) >= nodes:
+            out.append(Problem("fault.kill_node", f"{f.kill_node} is not one node, or a list of distinct nodes that "
+                               f"leaves one alive, of 0 .. {nodes - 1} (cluster.nodes is {nodes}).",
+                               f"use 0 .. {nodes - 1}, e.g. fault.kill_node=1 or fault.kill_node=[1,2]."))
         if f.mode != FaultMode.random and f.at_step is None:
             out.append(Problem("fault.at_step", f"fault.kill_node={f.kill_node} needs the step to kill it at.",
                                "set fault.at_step=<step>, or fault.mode=random."))
@@ -52,6 +54,9 @@ def fault_problems(spec: Config) -> list[Problem]:
                                f"(training.steps={steps}): the fault would never fire.",
                                f"use fault.at_step between 1 and {steps - 1}."))
         every = spec.training.checkpoint.every
+        if f.mode == FaultMode.during_save and len(f.nodes()) > 1:
+            out.append(Problem("fault.kill_node, fault.mode", f"during_save kills one node inside a save, got "
+                               f"{f.kill_node}.", "name one node, or use fault.mode=step for several at once."))
         if f.mode == FaultMode.during_save:
             if every <= 0:
                 out.append(Problem("fault.mode, training.checkpoint.every", "during_save needs checkpoints, but "

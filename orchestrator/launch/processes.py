@@ -47,6 +47,7 @@ class LocalResult:
     seconds: float = 0.0
     signalled: bool = False  # the failed rank was killed by a signal (a lost node), not an error exit
     code: int | None = None  # the failed rank's own exit status
+    failed_nodes: list[int] = field(default_factory=list)  # every node whose ranks were killed (a signal)
 
     @property
     def ok(self) -> bool:
@@ -159,20 +160,26 @@ class LocalJob:
     def kill_node(self, node: int) -> None:
         self.kill([r for r in range(len(self.procs)) if self.node_of(r) == node])
 
-    def wait(self, timeout: float | None = None, on_poll=None) -> LocalResult:
+    def wait(self, timeout: float | None = None, on_poll=None, settle_s: float = 0.0) -> LocalResult:
+        """Until every rank ended, one failed (then, after `settle_s` more to see every failure of
+        the same moment, stop the rest), or `timeout`."""
         t0 = time.monotonic()
+        first = None
         try:
             while True:
                 codes = [p.poll() for p in self.procs]
                 failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed:
+                if failed and first is None:
+                    first = time.monotonic()
+                if failed and (time.monotonic() - first >= settle_s or all(c is not None for c in codes)):
                     rank, code = min(failed, key=lambda rc: rc[0] if rc[1] < 0 else rc[0] + self.world)
                     # a rank killed by a signal is the cause; the others died of it
                     self.kill()
                     self._reap()
                     return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "
                                        f"{_describe(code)}", [p.pid for p in self.procs], time.monotonic() - t0,
-                                       signalled=code < 0, code=code)
+                                       signalled=code < 0, code=code,
+                                       failed_nodes=sorted({self.node_of(r) for r, c in failed if c < 0}))
                 if all(c == 0 for c in codes):
                     self._reap()
                     return LocalResult(0, pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)

@@ -8,9 +8,9 @@ hung one: it is named, its every thread's Python stack is dumped into its log (S
 faulthandler; train/worker.py) and its node is treated as lost. The deadline comes from the
 plan: `failover.progress_deadline_s`, or DEADLINE_FACTOR x (predicted step + checkpoint
 save), at least DEADLINE_FLOOR_S; it sits below the cross-copy collective timeout
-(failover.timeout_s), so a hang is named before a collective times out on it. A straggler
-(launch/stragglers.py) is not a hang: it beats every step, so only a step longer than the
-deadline reads as one.
+(failover.timeout_s; the ladder and its checks: plan/timeouts.py), so a hang is named before a
+collective times out on it. A straggler (launch/stragglers.py) is not a hang: it beats every
+step, so only a step longer than the deadline reads as one.
 """
 from __future__ import annotations
 
@@ -19,17 +19,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DEADLINE_FACTOR = 10.0
-DEADLINE_FLOOR_S = 30.0
+from orchestrator.plan.timeouts import DEADLINE_FACTOR, DEADLINE_FLOOR_S, detection_s  # noqa: F401
 
 
 def deadline_s(plan: dict, fo) -> float:
-    """How long the job may go without any rank making progress (plan: a plan.json dict)."""
-    if fo.progress_deadline_s:
-        return float(fo.progress_deadline_s)
-    step = float(plan.get("step", {}).get("wall_s") or 0.0)
-    save = float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0)
-    return max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * (step + save))
+    """How long the job may go without any rank making progress (plan: a plan.json dict;
+    plan/timeouts.detection_s)."""
+    return detection_s(float(plan.get("step", {}).get("wall_s") or 0.0),
+                       float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0), fo)
 
 
 @dataclass

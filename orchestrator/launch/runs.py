@@ -38,8 +38,8 @@ def continue_command(run_dir: Path) -> str:
 def final_line(run_dir: Path) -> str:
     """One plain line: what happened, the last complete checkpoint, and the command that continues."""
     run_dir = Path(run_dir)
+    state_now = state(run_dir)
     status = read_status(run_dir)
-    state = status.get("state", "unknown")
     try:
         url = ckpt.url_for(plan_json(run_dir)["config"]["training"]["checkpoint"]["dir"], run_dir)
         latest = ckpt.latest_complete(url)
@@ -47,10 +47,32 @@ def final_line(run_dir: Path) -> str:
         url, latest = None, None
     where = (f"last complete checkpoint: step {latest} in {ckpt.step_dir(url, latest)}" if latest is not None else
              "no complete checkpoint")
-    what = status.get("message") or ""
-    if state == "completed":
+    what = status.get("message") or _what(run_dir, status, state_now)
+    if state_now == "completed":
         return f"COMPLETED: {run_dir} ({what}); {where}."
-    return f"{state.upper()}: {run_dir}: {what}; {where}; continue with: {continue_command(run_dir)}"
+    if state_now in ("running", "re-forming", "queued", "requeued"):
+        return f"{state_now.upper()}: {run_dir}: {what}; {where}"
+    return f"{state_now.upper()}: {run_dir}: {what}; {where}; continue with: {continue_command(run_dir)}"
+
+
+def _what(run_dir: Path, status: dict, now: str) -> str:
+    """What a run is doing when its status.json carries no message, said from what it does hold."""
+    from orchestrator.launch.status import steps_completed
+
+    try:
+        steps = plan_json(run_dir)["config"]["training"]["steps"]
+    except (OSError, ValueError, KeyError):
+        steps = "?"
+    done = steps_completed(run_dir, range(10**6))
+    job = f" (SLURM job {status['job_id']})" if status.get("job_id") else ""
+    if now == "queued":
+        return f"waiting in the queue{job}, nothing has run yet" if not done else f"waiting in the queue{job}"
+    if now in ("running", "re-forming"):
+        doing = "re-forming after a failure" if now == "re-forming" else "training"
+        return (f"attempt {status.get('attempt', 0)}{job} {doing}"
+                f" on {len(status.get('nodes') or [])} node(s), layout {status.get('layout', '?')}: step {done} of "
+                f"{steps} done")
+    return f"{now}{job} after step {done} of {steps}, with no reason recorded (see failover.json and the logs)"
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -205,6 +227,12 @@ def state(run_dir: Path) -> str:
     status = read_status(run_dir)
     current = status.get("state", "unknown")
     job = last_job(run_dir)
+    if current not in DONE and status.get("launcher") == "local" and status.get("pid") and not _alive(status["pid"]):
+        new_msg = (f"the supervisor (orchestrate, pid {status['pid']}) is gone, killed or its machine lost, while the "
+                   f"run was {current}" + (f" ({status['message']})" if status.get("message") else "") +
+                   "; its ranks died with it")
+        write_status(run_dir, state="failed", message=new_msg, supervisor_lost=status["pid"])
+        return "failed"
     if current in DONE or job is None:
         return current
     sl = slurm_state(job["job_id"])
@@ -215,6 +243,18 @@ def state(run_dir: Path) -> str:
     if sl == "PENDING" and current == "requeued":
         return "requeued"
     return current
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists, is not a zombie, and is an orchestrator (a reused pid is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"orchestrat" in f.read()
+    except (OSError, IndexError):
+        return False
 
 
 class Tail:

@@ -4,18 +4,26 @@ The SLURM batch step runs `BatchJob` (submitted by launch/slurm.py with submitit
 the batch step, not under srun). It runs the same failover loop as the local launcher
 (supervisor.py) with `SrunWorkers`: each attempt is one `srun --no-kill` step on the
 nodes still alive. The job is submitted with `--no-kill`, so losing a node does not end
-the allocation: the supervisor sees the node go down (sinfo), stops the step, re-plans
-on the survivors and starts a new step, with nobody watching on the login node.
+the allocation: the supervisor sees the node go down (sinfo), gathers every node that fails
+within the settle window (two at once are one recovery), stops the step, re-plans on the
+survivors and starts a new step, with nobody watching on the login node. A node SLURM
+reports drained or draining is left out of every later step and not counted as a failure;
+what to do is decided in launch/failover.py.
 
 Preemption and time limits: SLURM signals the training step (USR2 `signal_delay_s`
 before the time limit, TERM first when it preempts); every rank saves at the next step
 boundary and exits with EXIT_STOPPED, and the supervisor has the job requeued (`scontrol
 requeue`, at most launcher.max_requeues times); the requeued job resumes from that
 checkpoint. When SLURM signals the batch step itself, submitit calls
-`BatchJob.checkpoint`, which forwards the signal and does the same. Limits: the supervisor
-lives on the allocation's first node;
-if that node dies the job ends (SLURM requeues it when JobRequeue allows, and the next
-supervisor resumes from the last complete checkpoint).
+`BatchJob.checkpoint`, which forwards the signal and does the same.
+
+The supervisor's own node: the supervisor (with the coordinator and the job's store) lives in
+the batch step on the allocation's first node. If that node dies SLURM ends the job as
+NODE_FAIL, and because the job is submitted with `--requeue` SLURM requeues it by itself
+(SLURM_RESTART_COUNT > 0); the new supervisor finds status.json still "running", records a
+`supervisor_lost` event and resumes from the last complete checkpoint (steps since it are
+redone). The local launcher does the same when the killed `orchestrate` is run again
+(tests/test_failover_decisions.py).
 """
 from __future__ import annotations
 
@@ -28,39 +36,35 @@ import time
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch import faults, progress, sbatch, stragglers
+from orchestrator.rundir import events
+from orchestrator.launch import failover, faults, progress, sbatch, stragglers
 from orchestrator.launch.status import read_status, steps_completed, write_status
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
-
-DOWN_STATES = ("down", "not_responding", "fail", "drain", "*")
-
 
 def hostnames(nodelist: str) -> list[str]:
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
     return out.stdout.split()
 
 
-def dead_nodes(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> list[str]:
-    """Nodes SLURM reports down or not responding. A slurmctld that does not answer (sinfo
-    timing out or failing) is retried `tries` times, then reads as no news: the supervisor
-    keeps watching instead of dying."""
+def node_states(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> dict[str, tuple[str, str]]:
+    """{node: (state, reason)} as SLURM reports them (sinfo; launch/failover.parse_sinfo reads
+    it). A slurmctld that does not answer (sinfo timing out or failing) is retried `tries`
+    times, then reads as no news: the supervisor keeps watching instead of dying."""
+    from orchestrator.launch.failover import parse_sinfo
+
     if not nodes:
-        return []
+        return {}
     for k in range(tries):
         try:
-            r = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], capture_output=True,
+            r = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T|%E"], capture_output=True,
                                text=True, timeout=timeout_s)
             if r.returncode == 0:
-                out = r.stdout
-                break
+                return parse_sinfo(r.stdout)
         except (subprocess.TimeoutExpired, OSError) as e:
             print(f"sinfo did not answer ({type(e).__name__}), try {k + 1} of {tries}", flush=True)
         time.sleep(1.0)
-    else:
-        return []
-    return sorted({n for n, st in (line.split() for line in out.splitlines() if line.strip())
-                   if any(x in st.lower() for x in DOWN_STATES)})
+    return {}
 
 
 def node_fail_wait_s(lc) -> float:
@@ -106,19 +110,10 @@ class SrunWorkers(Workers):
         self.lost: list[str] = []
         self.fault_step = faults.armed_step(spec)
         self.crash: str | None = None  # a rank seen crashed while its peers wait on it
-
-    # what the in-place policy asks
-    def say(self, text: str) -> None:
-        print(text, flush=True)
-
-    def waiting_spares(self) -> set[int]:
-        return set()
+        self.drained: list[str] = []  # drained by SLURM: left out of later steps, not counted as failures
 
     def lost_nodes(self) -> list:
         return list(self.lost)
-
-    def assign(self, copies, plan, plan_dir) -> None:
-        pass
 
     def nodes(self) -> list:
         return list(self.all)
@@ -132,7 +127,7 @@ class SrunWorkers(Workers):
         need = json.loads((plan_dir / rundir.PLAN_JSON).read_text())["nodes"]
         # logical node k -> current[k]: the plan's nodes chosen among the nodes in service (after a
         # failover: the survivors, a spare close to its group) and ordered by the cluster's topology
-        alive = [n for n in self.all if n not in self.lost]
+        alive = [n for n in self.all if n not in self.lost and n not in self.drained]
         self.current, self.policy = for_attempt(self.spec, plan_dir, alive, need), policy
         self.plan_dir = Path(plan_dir)
         (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
@@ -159,6 +154,7 @@ class SrunWorkers(Workers):
                    ORCH_HOSTS=",".join(self.current))  # the worker's rank from its host (train/worker.py)
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         print(f"attempt {attempt}: {' '.join(cmd)}", flush=True)
+        return list(self.current)
 
     def _copies_on(self, node: str) -> list[int]:
         """The copies of the state with a rank on `node` (ranks are laid out node by node)."""
@@ -168,27 +164,26 @@ class SrunWorkers(Workers):
         grid, k = RankGrid(plan.grid().sizes, plan.order), self.current.index(node)
         return sorted({grid.coords(r)["dp"] // plan.layout.dp_shard for r in range(k * gpn, (k + 1) * gpn)})
 
-    def wait(self) -> Outcome:
-        from orchestrator.launch.inplace import why_not_in_place
+    def _seen(self) -> list:
+        """New failures SLURM reports for this step's nodes (launch/failover.failures_from_states)."""
+        states = node_states(self.current)
+        return failover.failures_from_states(states, self.current, known=set(self.lost) | set(self.drained))
 
+    def wait(self) -> Outcome:
         lc = self.spec.launcher
+        wait_s = node_fail_wait_s(lc)
+        settle = failover.settle_s(wait_s)
+        pending, first = [], None  # failures gathered since `first`, decided together
         while True:
             code = self.proc.poll()
-            for node in dead_nodes(self.current):
-                if node in self.lost:
-                    continue
-                self.lost.append(node)
-                copies = []
-                if self.policy is not None:  # copies the coordinator has not already dropped
-                    copies = sorted(set(self.node_copies[node]) & set(self.services.coordinator.current.copies))
-                    if not copies:
-                        continue
-                why = why_not_in_place(self.policy.plan) if self.policy is not None else "one copy of the state"
-                if why:  # end the step: its survivors would wait on the dead ranks
-                    self.stop()
-                    return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); not in place: {why}")
-                self.policy.detected = self.policy.detected or time.time()
-                self.services.coordinator.lost(copies)
+            seen = self._seen()
+            pending += [f for f in seen if f.node not in {p.node for p in pending}]
+            first = first or (time.monotonic() if seen else None)
+            if pending and (time.monotonic() - first >= settle or code is not None):
+                outcome = self._decide(pending)
+                pending, first = [], None
+                if outcome is not None:
+                    return outcome
             if self.policy is not None:
                 self.policy.poll()
                 for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
@@ -208,19 +203,29 @@ class SrunWorkers(Workers):
         if code == EXIT_STOPPED or self.stop_requested:
             self._close()
             return Outcome(False, [], "stopped on request (preemption or time limit)", stopped=True)
-        deadline = time.monotonic() + node_fail_wait_s(lc)  # a rank dies of its peer before SLURM marks the node
+        deadline = time.monotonic() + wait_s  # a rank dies of its peer before SLURM marks the node
         while time.monotonic() < deadline and not self.lost:
-            self.lost += dead_nodes(self.current)
+            for f in self._seen():
+                (self.drained if f.kind == failover.DRAINED else self.lost).append(f.node)
+            if self.lost:  # the rest of the settle window: a second node of the same moment
+                time.sleep(settle)
+                self.lost += [f.node for f in self._seen() if f.kind != failover.DRAINED]
+                break
             time.sleep(1.0)
         self._close()
         if self.lost:
-            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with {code}")
+            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with "
+                           f"{code}", drained=list(self.drained))
         error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
             beats = progress.read(self.run_dir)  # detected: from the last sign of life of the rank furthest behind
             since = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).time if beats else None
             return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}",
-                           time.time() - since if since else None, crashed=True, error=error)
+                           time.time() - since if since else None, crashed=True, error=error,
+                           drained=list(self.drained))
+        if self.drained:
+            return Outcome(False, [], f"node(s) {self.drained} drained (SLURM); the step exited with {code}",
+                           drained=list(self.drained))
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / 'logs'} (and attempt*/logs)")
 
@@ -245,6 +250,33 @@ class SrunWorkers(Workers):
         self.lost.append(late.host)
         self.stop()
         return Outcome(False, list(self.lost), what, now - late.time)
+
+    def _decide(self, failures: list) -> Outcome | None:
+        """Failures of one settle window: drained nodes are noted (left out of the next step); lost
+        nodes drop their copies in place when launch/failover.decide says so, else the step ends."""
+        self.drained += [f.node for f in failures if f.kind == failover.DRAINED]
+        lost = [f.node for f in failures if f.kind != failover.DRAINED]
+        self.lost += lost
+        if not lost:
+            print(f"SLURM drained node(s) {self.drained}: they are left out of every later step "
+                  f"(not counted as failures)", flush=True)
+            return None
+        if self.policy is None:  # one copy of the state: the step ends, the loop decides (restart or stop)
+            self.stop()
+            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); one copy of the state",
+                           drained=list(self.drained))
+        current = set(self.services.coordinator.current.copies)  # copies the coordinator has not dropped yet
+        copies = sorted({c for n in lost for c in self.node_copies[n]} & current)
+        if not copies:
+            return None
+        verdict = failover.decide(failures, self.policy.plan, copies_alive=len(current - set(copies)))
+        if verdict.action not in ("in_place", "spare"):  # end the step: its survivors would wait on the dead ranks
+            self.stop()
+            return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); {verdict.reason}",
+                           drained=list(self.drained))
+        self.policy.detected = self.policy.detected or time.time()
+        self.services.coordinator.lost(copies)
+        return None
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -274,7 +306,12 @@ class BatchJob:
         from orchestrator.launch.runs import load_plan
 
         run_dir = Path(self.run_dir)
-        nodes = hostnames(os.environ["SLURM_JOB_NODELIST"])
+        given = hostnames(os.environ["SLURM_JOB_NODELIST"])
+        left_out = failover.excluded_nodes(events.read_events(run_dir))  # drained or flapping earlier in the run
+        nodes = [n for n in given if n not in left_out]
+        if left_out and len(nodes) < len(given):
+            print(f"left out of this job's steps: {sorted(set(given) - set(nodes))} (drained or flapping: "
+                  f"failed {failover.FLAP_FAILURES} times within {failover.FLAP_WINDOW_S:.0f} s)", flush=True)
         plan = load_plan(run_dir, latest=False)  # the run as planned; after a requeue the allocation is whole again
         if len(nodes) < plan.spec.cluster.nodes:
             plan = load_plan(run_dir)  # the latest attempt's, on the survivors of a failover
@@ -288,8 +325,16 @@ class BatchJob:
             write_status(run_dir, state="failed", message=msg)
             raise RuntimeError(msg)
         status = read_status(run_dir)
-        write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes,
-                     restarts=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) and status.get("state") in ("running", "re-forming"):
+            # SLURM requeued the job without this supervisor asking (its node failed: NODE_FAIL, --requeue)
+            events.record(run_dir, {"mode": "supervisor_lost", "job_id": os.environ.get("SLURM_JOB_ID"),
+                                    "restarts": int(os.environ["SLURM_RESTART_COUNT"]),
+                                    "failed_after_step": steps_completed(run_dir, range(10**6))})
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes, restarts=restarts,
+                     message=f"supervisor up on {nodes[0]} (SLURM job {os.environ.get('SLURM_JOB_ID')}"
+                             + (f", requeued {restarts} time(s) by SLURM" if restarts else "")
+                             + "), starting the ranks")
         self.workers = SrunWorkers(spec, run_dir, nodes)
         code = supervise(plan, run_dir, self.workers, first_attempt=int(status.get("next_attempt", 0)))
         if code == EXIT_STOPPED:  # every rank saved on request (preemption, time limit): come back

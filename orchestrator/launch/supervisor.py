@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED
+from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED  # noqa: F401 (EXIT_NO_PROGRESS: returned via decide)
 from orchestrator.rundir import events
 from orchestrator.launch.manifest import record_attempt
-from orchestrator.launch.inplace import InPlace, why_not_in_place
+from orchestrator.launch import failover
+from orchestrator.launch.failover import Failure, why_not_in_place
+from orchestrator.launch.inplace import InPlace
 from orchestrator.launch.status import steps_completed, write_status
 from orchestrator.rundir import checkpoints as ckpt
 from orchestrator.report.artifacts import write_plan
@@ -35,27 +37,58 @@ class Outcome:
     stopped: bool = False  # every rank saved and stopped on request (preemption, time limit)
     crashed: bool = False  # a rank failed with an error on a node that stays up (a fault, until it repeats)
     error: str | None = None  # what the crashed rank said last (its log's last error line)
+    drained: list = field(default_factory=list)  # nodes SLURM drained (left out, not counted as failures)
+
+    def failures(self) -> list[Failure]:
+        """What failed, as the decision (launch/failover.py) reads it."""
+        out = [Failure(n, failover.NODE_LOST, self.cause) for n in self.lost]
+        out += [Failure(n, failover.DRAINED, f"node {n} drained") for n in self.drained if n not in self.lost]
+        if self.crashed:
+            out.append(Failure(None, failover.CRASH, self.cause, self.error))
+        return out
 
 
 class Workers(ABC):
-    """Starts the ranks of one attempt on a list of nodes and reports how they ended."""
+    """Starts the ranks of one attempt on a list of nodes and reports how they ended: processes
+    here (launch/local.LocalWorkers) or srun steps in an allocation (launch/srun.SrunWorkers).
+    What failed is decided in one place (launch/failover.decide); the workers only see and act.
+    The in-place policy (launch/inplace.InPlace) calls the methods below the abstract ones."""
+
+    current: list = []  # the nodes the running attempt uses, in the plan's order
 
     @abstractmethod
     def nodes(self) -> list:
         """The allocation's nodes, in rank order."""
 
     @abstractmethod
-    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
-        """Start the attempt's ranks on the first nodes the plan needs (the rest wait as spares).
-        With a `policy` (several copies of the state) also run the job's store and coordinator,
-        and let lost copies drop out in place as the policy decides."""
+    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> list:
+        """Start the attempt's ranks on the first nodes the plan needs (the rest wait as spares)
+        and return the nodes it uses. With a `policy` (several copies of the state) also run the
+        job's store and coordinator, and let lost copies drop out in place as the policy decides."""
 
     @abstractmethod
     def wait(self) -> Outcome:
-        """Block until every rank has ended, or a node is lost (then stop the rest)."""
+        """Block until every rank has ended, or nodes are lost (then stop the rest): failures seen
+        within one settle window (failover.settle_s) come back as one Outcome. Bounded: every
+        wait inside has a deadline."""
 
     @abstractmethod
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Kill every rank of the attempt and close its services."""
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def waiting_spares(self) -> set[int]:
+        """Copies waiting warm to take a lost copy's place."""
+        return set()
+
+    def lost_nodes(self) -> list:
+        """Every node lost so far in this run."""
+        return []
+
+    def assign(self, copies: list[int], plan, plan_dir: Path) -> None:
+        """A generation was decided in place (these copies, this plan): the spares it took are spares no more."""
 
 
 def layout_of(plan, nodes: int) -> dict:
@@ -79,11 +112,14 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
         if attempt:
             write_plan(plan, plan_dir, figures=False)
         write_status(run_dir, state="running", attempt=attempt, next_attempt=attempt + 1, layout=plan.layout.label(),
-                     nodes=alive, plan_dir=str(plan_dir))
+                     nodes=alive, plan_dir=str(plan_dir),
+                     message=f"attempt {attempt} training on {plan.spec.cluster.nodes} node(s) as {plan.layout.label()}"
+                             + (f", after {failovers} restart(s)" if failovers else ""))
         t_start = time.monotonic()
         policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 and not external(plan) else None
-        workers.start(attempt, plan_dir, alive, {rundir.ENV_RUN_DIR: str(run_dir), rundir.ENV_ATTEMPT: str(attempt)}, policy)
-        record_attempt(run_dir, attempt, plan_dir, getattr(workers, "current", alive))
+        used = workers.start(attempt, plan_dir, alive, {rundir.ENV_RUN_DIR: str(run_dir),
+                                                        rundir.ENV_ATTEMPT: str(attempt)}, policy)
+        record_attempt(run_dir, attempt, plan_dir, used or alive)
         outcome = workers.wait()
         if policy is not None:  # generations decided in place moved the plan on
             plan, attempt = policy.plan, policy.attempt
@@ -102,22 +138,23 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             write_status(run_dir, state="stopped", message=outcome.cause)
             return EXIT_STOPPED
         t_fail = time.monotonic()
-        if not outcome.lost and not outcome.crashed:
+        if not outcome.lost and not outcome.crashed and not outcome.drained:
             write_status(run_dir, state="failed", message=outcome.cause)
             say(f"\nFAILED: {outcome.cause}", file=sys.stderr)
             return 1
-        what = f"node(s) {outcome.lost} lost" if outcome.lost else "a rank crashed (its node stays in service)"
+        what = (f"node(s) {outcome.lost} lost" if outcome.lost else "a rank crashed (its node stays in service)"
+                if outcome.crashed else f"node(s) {outcome.drained} drained")
         say(f"\nFAILURE: {outcome.cause}; {what}", file=sys.stderr, flush=True)
         done = steps_completed(run_dir, range(attempt + 1))
-        stop = _why_stop(run_dir, plan, failovers, done, outcome)
-        if stop is not None:
-            why, code = stop
+        verdict = failover.decide(outcome.failures(), plan, history=events.read_events(run_dir), steps_done=done)
+        if verdict.action == "stop":
+            why = verdict.reason.split("STOPPED: ", 1)[-1]
             events.record(run_dir, {"mode": "stopped", "nodes_lost": outcome.lost, "cause": outcome.cause,
                                     "error": outcome.error, "failed_after_step": done, "reasons": [why]})
             write_status(run_dir, state="failed", message=f"{what}: {outcome.cause}; STOPPED: {why}")
             say(f"STOPPED: {why}; {failovers} restart(s) so far.", file=sys.stderr)
-            return code
-        survivors = [n for n in alive if n not in outcome.lost]
+            return verdict.exit_code
+        survivors = [n for n in alive if n not in verdict.excluded]  # lost, drained, flapping: none relaunched
         t0 = time.monotonic()
         write_status(run_dir, state="re-forming", message=what)
         rp = replan_on_survivors(plan, len(survivors))
@@ -129,14 +166,14 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
                 file=sys.stderr)
             return 1
         failovers += 1
-        _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, done, failovers, what,
+        _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
                         {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start},
                         say)
         alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1
 
 
-def _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, done, failovers, what, seconds,
-                    say) -> None:
+def _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
+                    seconds, say) -> None:
     """The restart's event in failover.json, and its line on the console."""
     why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
     resume_from = ckpt.latest_complete(url) or 0
@@ -146,39 +183,12 @@ def _record_restart(run_dir, url, plan, rp, outcome, attempt, alive, survivors, 
         "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
         "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
         "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
-        "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why, "seconds": seconds})
+        "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why, "seconds": seconds,
+        "nodes_drained": outcome.drained, "nodes_excluded": verdict.excluded, "counted": verdict.counted,
+        "decision": verdict.reason})
     say(f"FAILOVER {failovers} (restart, {why}): {what} after step {done}; re-planned on {rp.nodes} "
         f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
         f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
-
-
-def _why_stop(run_dir: Path, plan, failovers: int, done: int, outcome: Outcome) -> tuple[str, int] | None:
-    """Why this failure ends the run (reason, exit status), or None to recover. A crash with the
-    same error at the same step as an earlier one is a bug in the code or the config, not a fault."""
-    fo = plan.spec.failover
-    past = [e for e in events.read_events(run_dir) if e.get("mode") == "restart"]
-    if not fo.enabled:
-        return "failover is off (failover.enabled=false)", 1
-    if outcome.crashed and any(e.get("error") == outcome.error and e.get("failed_after_step") == done for e in past):
-        return (f"the same error at step {done} twice, so a bug in the code or the config, not a fault: "
-                f"{outcome.error}"), 1
-    if fo.max_failovers is not None and failovers >= fo.max_failovers:
-        return f"failover.max_failovers={fo.max_failovers} reached", 1
-    mtbf = (plan.blast_radius or {}).get("job_mtbf_hours") or float("inf")
-    rate = fo.max_failovers_per_hour or max(3.0, 4.0 / mtbf)
-    recent = [e for e in past if e["time"] > time.time() - 3600]
-    if len(recent) >= rate:
-        return (f"{len(recent)} restarts in the last hour reach failover.max_failovers_per_hour={rate:g}"
-                f"{'' if fo.max_failovers_per_hour else f' (4 x the job MTBF of {mtbf:.2g} h, at least 3)'}"), 1
-    same = 1
-    for e in reversed(past):
-        if e.get("failed_after_step") != done:
-            break
-        same += 1
-    if same >= fo.no_progress_attempts:
-        return (f"no progress: {same} attempts in a row failed after step {done} "
-                f"(failover.no_progress_attempts={fo.no_progress_attempts})"), EXIT_NO_PROGRESS
-    return None
 
 
 def _missing_steps(run_dir: Path, steps: int, attempt: int) -> str | None:

@@ -15,6 +15,7 @@ from orchestrator.config.schema import Config
 from orchestrator.plan.axes import AXES, FSDP_DIMS, MESH_DIMS, REPLICATE_DIMS
 from orchestrator.plan.cost import AxisReport, Step, auto_order, axis_traffic, step_time
 from orchestrator.plan.inventory import Memory, inventory
+import orchestrator.plan.timeouts as timeouts
 from orchestrator.plan.judge import blast_radius, judge_cross_node_tp, judge_memory
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
@@ -170,7 +171,10 @@ def cost_plan(shaped: Shaped, spec: Config) -> Plan:
         plan.mfu_interval, plan.mfu_interval_basis = [iv[0], iv[1]], iv[2]
     if shaped.blast_radius is None:
         shaped.blast_radius = blast_radius(plan, mm)
-    plan.blast_radius = shaped.blast_radius
+    t = timeouts.ladder(spec.failover, step.wall_s, shaped.blast_radius.get("checkpoint_seconds") or 0.0)
+    plan.blast_radius = {**shaped.blast_radius, "timeouts": t}
+    plan.errors += timeouts.problems(spec.failover, t)
+    plan.spec = replace(spec, failover=timeouts.resolved(spec.failover, t))  # the ladder the runtime reads
     judge_cross_node_tp(plan, tiers_for(spec))
     judge_memory(plan)
     plan.valid = not plan.errors

@@ -62,11 +62,32 @@ def with_batch(spec: Config, batch: Batch, **training) -> Config:
         **training))
 
 
+def replan_with(plan, dp: int, nodes: int, dp_shard: int | None):
+    """The one re-plan, for a restart on the survivors and for a generation decided in place:
+    `plan` with `dp` replicas on `nodes` nodes, TP, CP, PP, VP, EP and ETP kept, copies of
+    `dp_shard` ranks (None: one copy), the batch under failover.batch_policy (batch_for).
+    Returns (spec, plan, batch, None), or why not last (spec and batch kept when it was planned)."""
+    from orchestrator.plan.plan import plan_spec
+
+    spec, old = plan.spec, plan.layout
+    batch = batch_for(spec, dp)
+    if isinstance(batch, str):
+        return None, None, None, batch
+    derived = ((plan.blast_radius or {}).get("timeouts") or {}).get("derived", [])  # re-derived for the new step
+    fo = dataclasses.replace(spec.failover, **{k: None for k in ("quorum_s", "timeout_s") if k in derived})
+    new = with_batch(dataclasses.replace(
+        spec, failover=fo, cluster=dataclasses.replace(spec.cluster, nodes=nodes),
+        layout=dataclasses.replace(spec.layout, dp=dp, search=False, tp=old.tp, cp=old.cp, pp=old.pp,
+                                   vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=dp_shard)), batch)
+    new_plan = plan_spec(new)
+    if not new_plan.valid:
+        return new, None, batch, "; ".join(str(e) for e in new_plan.errors)
+    return new, new_plan, batch, None
+
+
 def replan_on_survivors(plan, alive_nodes: int) -> Replan:
     """The best layout on `alive_nodes` nodes keeping TP, CP, PP and EP of `plan`: every whole
     replica that fits on them (the rest of the nodes wait as spares)."""
-    from orchestrator.plan.plan import plan_spec
-
     spec, old = plan.spec, plan.layout
     gpn, fo = spec.hardware.gpus_per_node, spec.failover
     replica = old.tp * old.cp * old.pp
@@ -86,22 +107,14 @@ def replan_on_survivors(plan, alive_nodes: int) -> Replan:
         if world % (old.etp * old.ep * old.pp):
             tried.append(f"{n} nodes: the expert grid etp*ep*pp = {old.etp * old.ep * old.pp} does not divide {world}")
             continue
-        batch = batch_for(spec, dp)
-        if isinstance(batch, str):
-            tried.append(f"{n} nodes: {batch}")
-            continue
-        changes = [f"dp {old.dp} -> {dp}"] + ([batch.change] if batch.change else [])
         # one copy of the state stays one copy; copies keep their size where it still divides dp
         shard = None if old.dp_shard == old.dp or dp % old.dp_shard else old.dp_shard
-        new = with_batch(dataclasses.replace(
-            spec, cluster=dataclasses.replace(spec.cluster, nodes=n),
-            layout=dataclasses.replace(spec.layout, dp=dp, search=False, tp=old.tp, cp=old.cp, pp=old.pp,
-                                       vp=old.vp, ep=old.ep, etp=old.etp, dp_shard=shard)), batch)
-        new_plan = plan_spec(new)
-        planned += 1
-        if not new_plan.valid:
-            tried.append(f"{n} nodes: " + "; ".join(str(e) for e in new_plan.errors))
+        new, new_plan, batch, why = replan_with(plan, dp, n, shard)
+        planned += new is not None  # a layout planned (a batch that does not split is not one)
+        if why is not None:
+            tried.append(f"{n} nodes: {why}")
             continue
+        changes = [f"dp {old.dp} -> {dp}"] + ([batch.change] if batch.change else [])
         most = -(-(batch.global_batch // batch.micro_batch) // dp)
         changes.append(f"micro-batches per replica {old.microbatches} -> {new_plan.layout.microbatches}" + (
             "" if not batch.uneven else " (the slowest replica's)" if most == new_plan.layout.microbatches else

@@ -158,6 +158,12 @@ def _blast(plan) -> list[str]:
                  f"{' (split unevenly)' if loss.get('uneven_batch') else ''}, step {_fmt_s(loss['step_s'])}")
     elif loss:
         L.append(f"  after one node lost: nothing goes on ({'; '.join(loss['problems'])})")
+    if br.get("timeouts"):  # detection < quorum < collective (plan/timeouts.py)
+        from orchestrator.plan.timeouts import lines
+
+        L.append("  failover timeouts:")
+        lc = plan.spec.launcher
+        L += ["  " + x for x in lines(br["timeouts"], lc.node_fail_wait_s if lc.name.value == "slurm" else None)]
     return L
 
 

@@ -1,0 +1,98 @@
+"""The failover timeouts, ordered and derived from the plan's predicted step and checkpoint save
+(plan.md prints the ladder; plan.json holds it as blast_radius.timeouts). Torch-free.
+
+    settle window W  <  quorum Q  <  collective timeout C        and   hang deadline D  <  C
+
+- D, the hang deadline (failover.progress_deadline_s): no rank made progress for this long ->
+  the rank furthest behind is named and its node lost. DEADLINE_FACTOR x (predicted step +
+  save), at least DEADLINE_FLOOR_S. Below C, so a hang is named before a collective gives up.
+- W, the settle window (launch/failover.settle_s): failures seen within it after the first are
+  one recovery (two nodes lost at once re-plan once). SETTLE_FRACTION of D, 1 .. 30 s.
+- Q, the quorum (failover.quorum_s): after the first copy reports a failure the coordinator
+  waits this long for the others before deciding without them (counted from the first report,
+  launch/control.py). Above W, so the copies hit by failures of one moment are decided
+  together; default max(QUORUM_FLOOR_S, 2 W).
+- C, the cross-copy collective timeout (failover.timeout_s): gloo gives up on a silent peer.
+  Default max(COLLECTIVE_FLOOR_S, 2 D, 2 Q).
+
+On SLURM a node whose ranks died is confirmed lost once SLURM marks it down (at most
+launcher.node_fail_wait_s, SlurmdTimeout + 30 s by default): that confirms, it does not detect.
+"""
+from __future__ import annotations
+
+from orchestrator.config.errors import Problem
+
+DEADLINE_FACTOR = 10.0
+DEADLINE_FLOOR_S = 30.0
+SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
+QUORUM_FLOOR_S = 10.0
+COLLECTIVE_FLOOR_S = 60.0
+
+
+def detection_s(step_s: float, save_s: float, fo) -> float:
+    """D: how long the job may go without any rank making progress."""
+    if fo.progress_deadline_s:
+        return float(fo.progress_deadline_s)
+    return max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * (float(step_s or 0.0) + float(save_s or 0.0)))
+
+
+def settle_s(detection: float) -> float:
+    """W: how long to keep gathering failures after the first before deciding."""
+    return min(SETTLE_MAX_S, max(SETTLE_MIN_S, SETTLE_FRACTION * float(detection)))
+
+
+def ladder(fo, step_s: float, save_s: float) -> dict:
+    """Every timeout of the ladder in seconds (failover.* set, or derived)."""
+    d = detection_s(step_s, save_s, fo)
+    w = settle_s(d)
+    q = float(fo.quorum_s) if fo.quorum_s is not None else max(QUORUM_FLOOR_S, 2 * w)
+    c = float(fo.timeout_s) if fo.timeout_s is not None else max(COLLECTIVE_FLOOR_S, 2 * d, 2 * q)
+    return {"hang_deadline_s": d, "settle_s": w, "quorum_s": q, "collective_s": c,
+            "derived": [k for k, v in (("progress_deadline_s", fo.progress_deadline_s), ("quorum_s", fo.quorum_s),
+                                       ("timeout_s", fo.timeout_s)) if v is None]}
+
+
+def problems(fo, t: dict) -> list[Problem]:
+    """The ladder's order broken by what was set: key, the numbers, and the fix."""
+    out = []
+    if not t["hang_deadline_s"] < t["collective_s"]:
+        out.append(Problem("failover.progress_deadline_s, failover.timeout_s",
+                           f"the hang deadline {t['hang_deadline_s']:g} s is not below the collective timeout "
+                           f"{t['collective_s']:g} s: a collective would give up on a hung rank before it is named.",
+                           f"set failover.timeout_s above {t['hang_deadline_s']:g} (e.g. "
+                           f"{2 * t['hang_deadline_s']:g}), or leave it unset to derive it."))
+    if not t["settle_s"] < t["quorum_s"]:
+        out.append(Problem("failover.quorum_s", f"the quorum {t['quorum_s']:g} s is not above the settle window "
+                           f"{t['settle_s']:g} s (failures gathered into one decision): copies hit at the same "
+                           f"moment could be decided apart.",
+                           f"set failover.quorum_s above {t['settle_s']:g} (e.g. {2 * t['settle_s']:g}), or leave "
+                           f"it unset."))
+    if not t["quorum_s"] < t["collective_s"]:
+        out.append(Problem("failover.quorum_s, failover.timeout_s", f"the quorum {t['quorum_s']:g} s is not below "
+                           f"the collective timeout {t['collective_s']:g} s: the coordinator would still wait for "
+                           f"copies whose collectives have already given up.",
+                           f"set failover.quorum_s below {t['collective_s']:g}, or failover.timeout_s above "
+                           f"{t['quorum_s']:g}."))
+    return out
+
+
+def resolved(fo, t: dict):
+    """failover.* with the derived quorum and collective timeout written in (what the runtime,
+    the coordinator and the simulation read)."""
+    import dataclasses
+
+    return dataclasses.replace(fo, quorum_s=t["quorum_s"], timeout_s=t["collective_s"])
+
+
+def lines(t: dict, node_fail_wait_s: float | None = None) -> list[str]:
+    """The ladder as plan.md prints it."""
+    derived = set(t.get("derived", ()))
+    tag = {"progress_deadline_s": "hang_deadline_s", "quorum_s": "quorum_s", "timeout_s": "collective_s"}
+    how = {v: " (derived)" if k in derived else " (set)" for k, v in tag.items()}
+    out = [f"- settle window {t['settle_s']:.1f} s < quorum {t['quorum_s']:.1f} s{how['quorum_s']} < collective "
+           f"timeout {t['collective_s']:.1f} s{how['collective_s']}; hang deadline {t['hang_deadline_s']:.1f} s"
+           f"{how['hang_deadline_s']} < collective timeout"]
+    slurm = (f"{node_fail_wait_s:g} s (launcher.node_fail_wait_s)" if node_fail_wait_s else
+             "SlurmdTimeout + 30 s, read from scontrol when the job starts (launcher.node_fail_wait_s)")
+    out.append(f"- SLURM: a node whose ranks died is confirmed lost within {slurm}")
+    return out

@@ -1,0 +1,162 @@
+"""Failover decisions in one place (launch/failover.py), for every launcher: what failed ->
+in place, restart or stop, with the reason; two nodes at once are one recovery; drained and
+flapping nodes are left out and drained ones are not counted; the supervisor's own death is
+survived by resuming from the last complete checkpoint. Real processes where they run here;
+the decision itself on SLURM's own output (tests/golden/sinfo_states.txt: `sinfo -h -N -o
+"%N|%T|%E"` on the local cluster, slurm/local-cluster.sh with 4 nodes, slurm-wlm 22.05.8, after
+`scontrol update nodename=node2 state=drain`, node4 drained with a job running, node3 set down)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, losses_by_step, plan_of, run_cli, samples_read
+
+COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
+          "training.global_batch=16", "cluster.nodes=4", "hardware.gpus_per_node=1", "layout.dp=4"]
+
+
+def _same_losses(run, reference, steps):
+    got = losses_by_step(run)
+    assert sorted(got) == list(range(steps))
+    assert [got[s] for s in range(steps)] == pytest.approx(reference[:steps], rel=1e-5)
+    assert samples_read(run) == list(range(steps * 16))
+
+
+def test_two_nodes_lost_at_the_same_step_are_one_restart(tmp_path, tiny_losses):
+    """fault.kill_node=[1,2]: both nodes die after step 3. One failover, on the 2 survivors (dp
+    4 -> 2), neither dead node relaunched, and the losses of the fault-free run."""
+    r = run_cli([*COMMON, "training.steps=6", "training.checkpoint.every=2", "fault.kill_node=[1,2]",
+                 "fault.at_step=3"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = tmp_path / "run"
+    events = json.loads((run / "failover.json").read_text())
+    (restart,) = [e for e in events if e["mode"] == "restart"]
+    assert len(events) == 1 and restart["nodes_lost"] == [1, 2] and restart["new_layout"]["nodes"] == 2
+    assert restart["nodes_in_service"] == [0, 3] and restart["new_layout"]["dp"] == 2
+    _same_losses(run, tiny_losses, 6)
+
+
+def _killed_after(cmd, run, step, env):
+    """Start `cmd`, SIGKILL the supervisor (the `orchestrate` process) once `step` steps completed."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and p.poll() is None:
+        metrics = run / "metrics.jsonl"
+        if metrics.exists() and sum(1 for line in metrics.read_text().splitlines() if line.strip()) >= step:
+            break
+        time.sleep(0.2)
+    assert p.poll() is None, p.stdout.read()[-3000:]
+    os.kill(p.pid, signal.SIGKILL)  # the supervisor's node dies: no handler runs
+    p.wait(timeout=60)
+    return p
+
+
+def test_the_supervisor_killed_resumes_from_its_last_complete_checkpoint(tmp_path, tiny_losses):
+    """The supervisor dies with SIGKILL (its node lost): every rank dies with it (PDEATHSIG),
+    status.json says what it last knew and names the dead supervisor; the same command run
+    again (what a requeued SLURM job does) resumes from the last complete checkpoint with the
+    losses of the uninterrupted run."""
+    from orchestrator.launch.runs import final_line
+
+    run = tmp_path / "run"
+    args = [*COMMON[:5], "cluster.nodes=2", "hardware.gpus_per_node=1", "layout.dp=2", "training.steps=6",
+            "training.checkpoint.every=2", "training.global_batch=16"]
+    cmd = [sys.executable, "-m", "orchestrator", *args, f"hydra.run.dir={run}"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    _killed_after(cmd, run, 3, env)
+    line = final_line(run)
+    assert line.startswith("FAILED") and "supervisor" in line and "is gone" in line, line
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resumed from" in r.stdout and "the supervisor (pid" in r.stdout
+    (event,) = json.loads((run / "failover.json").read_text())
+    assert event["mode"] == "supervisor_lost" and event["resumed_from_step"] == 2
+    _same_losses(run, tiny_losses, 6)
+
+
+# ---- the decision, on SLURM's own output -----------------------------------------------------
+def _sinfo():
+    from orchestrator.launch.failover import parse_sinfo
+
+    return parse_sinfo((ROOT / "tests" / "golden" / "sinfo_states.txt").read_text())
+
+
+def test_node_states_read_from_sinfo_tell_lost_from_drained():
+    from orchestrator.launch.failover import DRAINED, NODE_LOST, node_state
+
+    states = _sinfo()
+    kinds = {n: node_state(*st) for n, st in states.items()}
+    assert kinds == {"node1": "up", "node2": DRAINED, "node3": NODE_LOST, "node4": DRAINED}, states
+    # scontrol show node's State= for the same nodes (node4 drained while a job ran on it)
+    assert [node_state(s) for s in ("IDLE", "IDLE+DRAIN", "DOWN", "MIXED+DRAIN", "IDLE*")] == [
+        "up", DRAINED, NODE_LOST, DRAINED, NODE_LOST]
+
+
+def test_drained_nodes_are_left_out_and_not_counted_lost_ones_restart():
+    from orchestrator.launch import failover
+
+    plan = plan_of(*COMMON, "cluster.nodes=4")
+    states = _sinfo()
+    seen = failover.failures_from_states(states, ["node1", "node2", "node3", "node4"])
+    drained_only = failover.decide([f for f in seen if f.kind == failover.DRAINED], plan)
+    assert drained_only.action == "continue" and not drained_only.counted
+    assert drained_only.excluded == ["node2", "node4"] and "not counted" in drained_only.reason
+    both = failover.decide(seen, plan)
+    assert both.action == "restart" and both.lost == ["node3"] and set(both.excluded) == {"node2", "node3", "node4"}
+    # a restart caused by a drained node does not count against the budget
+    history = [{"mode": "restart", "time": time.time(), "counted": False, "nodes_lost": []}] * 5
+    assert failover.why_stop(plan_of(*COMMON, "failover.max_failovers=1"), history, 3) is None
+    assert "max_failovers=1" in failover.why_stop(plan_of(*COMMON, "failover.max_failovers=1"),
+                                                  history[:1] + [{**history[0], "counted": True}], 3)[0]
+
+
+def test_a_flapping_node_is_excluded_after_its_second_failure():
+    from orchestrator.launch import failover
+
+    plan = plan_of(*COMMON)
+    now = time.time()
+    once = [{"mode": "restart", "time": now - 100, "nodes_lost": ["node3"]}]
+    assert failover.flapping(once, now) == [] and failover.excluded_nodes(once, now) == []
+    twice = once + [{"mode": "in_place", "time": now - 10, "nodes_lost": ["node3"]}]
+    assert failover.flapping(twice, now) == ["node3"] and failover.excluded_nodes(twice, now) == ["node3"]
+    old = [{**e, "time": now - failover.FLAP_WINDOW_S - 1} for e in twice]
+    assert failover.flapping(old, now) == []  # outside the window: not flapping
+    v = failover.decide([failover.Failure("node3", failover.NODE_LOST, "node node3 is down")], plan, history=twice,
+                        now=now)
+    assert v.action == "restart" and "flapping" in v.reason and v.excluded == ["node3"]
+
+
+def test_copies_left_go_on_in_place_one_copy_restarts_and_a_repeated_error_stops():
+    from orchestrator.launch import failover
+    from orchestrator.rundir import EXIT_NO_PROGRESS
+
+    copies = plan_of(*COMMON, "layout.dp_shard=1")
+    lost = [failover.Failure(1, failover.NODE_LOST, "node 1 lost"), failover.Failure(2, failover.NODE_LOST,
+                                                                                     "node 2 lost")]
+    v = failover.decide(lost, copies, copies_alive=2)
+    assert v.action == "in_place" and v.lost == [1, 2]
+    assert failover.decide(lost, copies, copies_alive=2, spares=1).action == "spare"
+    assert failover.decide(lost, plan_of(*COMMON, "layout.dp_shard=1", "failover.min_dp=3"),
+                           copies_alive=2).action == "restart"
+    one = plan_of(*COMMON)
+    assert failover.decide(lost, one).action == "restart" and "one copy" in failover.decide(lost, one).reason
+    crash = [failover.Failure(None, failover.CRASH, "rank 1 crashed", "ValueError: bad shape")]
+    history = [{"mode": "restart", "time": time.time(), "error": "ValueError: bad shape", "failed_after_step": 3}]
+    stop = failover.decide(crash, one, history=history, steps_done=3)
+    assert stop.action == "stop" and "same error at step 3 twice" in stop.reason
+    stuck = failover.decide(lost, plan_of(*COMMON, "failover.no_progress_attempts=2"), steps_done=3,
+                            history=[{"mode": "restart", "time": time.time(), "failed_after_step": 3}])
+    assert stuck.action == "stop" and stuck.exit_code == EXIT_NO_PROGRESS
+
+
+def test_the_settle_window_follows_the_detection_deadline():
+    from orchestrator.launch import failover
+
+    assert failover.settle_s(30.0) == pytest.approx(failover.SETTLE_FRACTION * 30.0)
+    assert failover.settle_s(1.0) == failover.SETTLE_MIN_S and failover.settle_s(1e6) == failover.SETTLE_MAX_S
