@@ -143,7 +143,7 @@ def test_a_rank_logs_with_its_rank_and_level_and_exits_with_the_status_only_at_i
 
     from conftest import ROOT
     from orchestrator import compose, make_plan, rundir
-    from orchestrator.plan.artifacts import write_plan
+    from orchestrator.report.artifacts import write_plan
 
     run = tmp_path / "run"
     write_plan(make_plan(compose([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2"])), run,

@@ -366,7 +366,7 @@ def _note_a_lost_supervisor(run_dir: Path, spec) -> None:
     complete checkpoint: said, and recorded in failover.json."""
     from orchestrator.launch.runs import state
     from orchestrator.launch.status import read_status, write_status
-    from orchestrator.plan import checkpoints as ckpt, events
+    from orchestrator.rundir import checkpoints as ckpt, events
 
     before = read_status(run_dir)
     if before.get("state") in ("running", "re-forming"):

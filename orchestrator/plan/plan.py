@@ -6,7 +6,7 @@ runtime builds its process groups, model chunks and data split from it alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.config.compose import to_dict
