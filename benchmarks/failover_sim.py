@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import heapq
 import json
 import math
@@ -90,6 +91,7 @@ def plan_of(name: str):
 
 
 ROOT = tree.ROOT
+FAN_IN = [0]  # the commit tree's fan-in (0: tree.fan_in's)
 SHIM = r"""#!{python}
 # SLURM's commands for benchmarks/failover_sim.py: the node states of its timeline at its virtual time.
 import json, os, sys
@@ -253,12 +255,15 @@ class Sim:
         self._write_slurm()
         saved = srun.time, os.environ.get("PATH"), os.environ.get("ORCH_SIM_SLURM")
         srun.time = VirtualTime(self)
+        gc.collect()
+        gc.disable()  # a pause of the simulator's heap (every leader's state) is no one server's: not charged
         os.environ["PATH"], os.environ["ORCH_SIM_SLURM"] = f"{bin_dir}{os.pathsep}{saved[1]}", str(folder)
         try:
             workers = SimSrunWorkers(self, self.plan.spec, self.dir / "run")
             (self.dir / "run").mkdir()
             self.code = supervisor.supervise(self.plan, self.dir / "run", workers, say=lambda *a, **k: None)
         finally:
+            gc.enable()
             srun.time = saved[0]
             os.environ["PATH"] = saved[1]
             if saved[2] is None:
@@ -279,7 +284,7 @@ class Sim:
         """The step starts (SrunWorkers.start): the coordinator, the leaders, the warm spares."""
         self.policy = policy
         self.coord = Coordinator(list(range(self.R)), str(self.dir), self._decide, quorum_s=self.quorum_s,
-                                 commit_timeout_s=self.timeout_s, clock=lambda: self.now,
+                                 commit_timeout_s=self.timeout_s, clock=lambda: self.now, fan_in=FAN_IN[0],
                                  push=lambda c, m: self._out.append(("push", c, m)))
         self.k = self.coord.fan_in
         self.agg, self.trees = {}, {}

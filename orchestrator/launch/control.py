@@ -75,7 +75,7 @@ class Coordinator:
                  commit_timeout_s: float = 60.0, clock=time.monotonic, fan_in: int = 0, push=None):
         self.current = Generation(0, list(copies), plan_dir)
         self.members = set(copies)
-        self.fan_in = fan_in or tree_fan_in(len(copies))  # k: the commit tree's fan-in (>= R: flat)
+        self.fan_in = fan_in or tree.fan_in(len(copies))  # k: the commit tree's fan-in (>= R: flat)
         self.push = push  # push(copy, message): to a leader's own connection (the server sets it)
         self.pos = {c: i for i, c in enumerate(copies)}  # copy -> position in the generation's tree
         self.addr: dict[int, str] = {}  # copy -> where its aggregator listens (hi)
@@ -343,13 +343,6 @@ class Coordinator:
         with self.lock:
             return {"generation": self.current.gen, "commits": self.commits, "dropped": dict(self.dropped),
                     "dropped_total": self._dropped}
-
-
-def tree_fan_in(copies: int, k: int = 16) -> int:
-    """The commit tree's fan-in: flat (every leader to the coordinator) up to 64 copies, k above.
-    At k=16 a level costs about 16 messages of server work (~0.5 ms here) and 12,500 copies
-    take 4 levels (benchmarks/failover_sim.py prints the latency)."""
-    return copies if copies <= 64 else k
 
 
 def bind_address(host: str) -> str:
