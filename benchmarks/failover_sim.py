@@ -238,12 +238,14 @@ class Sim:
         self.last_step = -1
         self.committed_before = 0
         self.gen_of: dict[int, int] = {}
+        self.done_step: dict[int, int] = {}  # leader -> the last step it saw committed
         self.pending: dict[int, tuple] = {}  # leader -> (request id, body) of its commit in flight
         self.direct: dict[int, int] = {}  # leader -> the generation it was told to report straight to the root in
         self.req = 0
         self.rounds: dict = {}
         self.timeline: dict[str, list] = {}
         self.max_wait = 0.0  # the longest any leader waited for an answer
+        self._last: tuple = (None, b"")
         self.coord = None
 
     # ---- the supervisor: the real loop, SLURM's commands shimmed -----------------------------
@@ -319,12 +321,14 @@ class Sim:
             fn(*args)
         self.now = max(self.now, t_end)
         if not self.q and self.now > 2 * self.t_end:
-            raise RuntimeError(f"{self.scenario}: the simulation stalled (no event left, step not finished)")
+            c = self.coord
+            raise RuntimeError(f"{self.scenario}: the simulation stalled at {self.now:.1f} s (no event left): generation "
+                               f"{c.current.gen}, changing {c.changing}, {len(c.reporting)} reporting, {len(c.waiting)} "
+                               f"waiting, {c.counted} counted at step {c.step}, dead {sorted(c.dead)[:5]}, "
+                               f"{len(self.pending)} leaders waiting, e.g. {list(self.pending.items())[:3]}")
         self._write_slurm()
 
     # ---- the leaders ---------------------------------------------------------------------------
-    done_step: dict = {}
-
     def _configure(self, c: int, gen: int, copies: list[int]) -> None:
         """Leader c learns generation `gen`'s tree (Replicas.build does it at runtime): whether it
         aggregates, and for whom (on its own CPU: what it held is told to go to the root)."""
@@ -464,9 +468,10 @@ class Sim:
 
     def _on_server(self, sid: int, fn, *args) -> None:
         """Run `fn` as server `sid` would, when it is free; its replies leave when it is done."""
+        if self.free.get(sid, 0.0) > self.now:  # busy: it waits its turn (the clock does not jump)
+            return self.at(self.free[sid], self._on_server, sid, fn, *args)
         self._out = []
-        start = max(self.now, self.free.get(sid, 0.0))
-        self.now = start
+        start = self.now
         w0 = time.thread_time()  # CPU time: a busy shared machine's descheduling is not charged
         fn(*args)
         dt = time.thread_time() - w0
@@ -493,7 +498,9 @@ class Sim:
         nonce, seq, body = wire.decode(self.key, line)  # what ControlServer._line does
 
         def reply(answer, on_answer=on_answer):  # may be called later, from another server call
-            wire.encode(self.key, answer, nonce, seq)
+            if self._last[0] is not answer:  # as ControlServer._reply: serialised once, signed per leader
+                self._last = (answer, wire.canonical(answer))
+            wire.encode(self.key, self._last[1], nonce, seq)
             self._out.append((on_answer, answer, local))
         (self.coord if sid == ROOT else self.agg[sid]).handle(body, reply)
 
@@ -618,7 +625,12 @@ class Sim:
 
 
 def scenario(name: str, kind: str, seed: int = 0) -> dict:
-    return {"config": name, **Sim(name, kind, seed=seed).run()}
+    sim = Sim(name, kind, seed=seed)
+    try:
+        return {"config": name, **sim.run()}
+    except RuntimeError as e:  # a stall is a result: not recovered, and what was left waiting
+        return {"config": name, "scenario": kind, "ranks": sim.N, "copies": sim.R, "recovered": False,
+                "error": str(e)[:2000], "step_s": round(sim.step_s, 3)}
 
 
 def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None = None, seed: int = 0) -> dict:
