@@ -109,13 +109,15 @@ if name == "squeue":
 now = float(open(os.path.join(folder, "now")).read())
 timeline = json.load(open(os.path.join(folder, "timeline.json")))
 nodes = args[args.index("-n") + 1].split(",") if "-n" in args else list(timeline)
+fmt = args[args.index("-o") + 1] if "-o" in args else "%N %T"
 out = []
 for n in nodes:
-    state = "allocated"
+    state, reason = "allocated", "none"
     for t, st in timeline.get(n, ()):
         if t <= now:
             state = st
-    out.append(n + " " + state)
+            reason = "maintenance" if st.startswith("drain") else "Not responding" if st.startswith("down") else "none"
+    out.append(fmt.replace("%N", n).replace("%T", state).replace("%E", reason))
 print("\n".join(out))
 """
 

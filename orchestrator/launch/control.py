@@ -2,7 +2,7 @@
 state has several copies (layout.dp_shard < dp), as torchft's lighthouse does. Torch-free.
 
 Only copy leaders talk to it, over authenticated JSON lines (train/wire.py; the server is
-control_server.py). A state machine with no blocking wait: a request is answered now or
+train/control_server.py). A state machine with no blocking wait: a request is answered now or
 later through its `reply`, and `tick()` fires the deadlines, so the same object runs under
 the TCP server and under the simulator's virtual clock (benchmarks/failover_sim.py).
 
