@@ -246,7 +246,7 @@ class Sim:
         self.req = 0
         self.rounds: dict = {}
         self.timeline: dict[str, list] = {}
-        self.max_wait = 0.0  # the longest any leader waited for an answer
+        self.max_wait = 0.0  # the longest any member's leader waited for an answer (a spare's join aside)
         self._last: tuple = (None, b"")
         self.coord = None
 
@@ -419,7 +419,8 @@ class Sim:
         if answer is None or answer.get("op") in ("rehome", "report"):  # its aggregator is gone or could not take it
             return self.send_root(c, body, self.now)
         self.pending.pop(c)
-        self.max_wait = max(self.max_wait, self.now - t_asked)
+        if body["op"] != "join":  # a warm spare waits to be needed, by design without end
+            self.max_wait = max(self.max_wait, self.now - t_asked)
         op = answer["op"]
         if op == "commit":
             gen, step = self.gen_of[c], answer["step"]
