@@ -7,6 +7,8 @@ leaders run in a child process, one thread driving all R connections with a sele
 the leaders' own cost is small and the same for both: per step every leader sends its
 commit (pre-encoded, signed for the new protocol), and the latency is from the last send to
 the last answer received. Also measured: the loopback hop (one-way, half a ping-pong).
+Both flat (every leader to the coordinator); the commit tree that holds 2,048 and 12,500
+copies (train/tree.py) is measured by benchmarks/failover_sim.py, each aggregator on its own CPU.
 
     python benchmarks/commit_latency.py [--leaders 128,512,1024,2048] [--steps 20] [--old]
 """
@@ -98,11 +100,11 @@ def measure(R: int, steps: int, old: bool) -> dict:
         coord = mod.Coordinator(list(range(R)), "plan", lambda *a: None, quorum_s=60)
         server, key = mod.ControlServer(coord, host="127.0.0.1"), None
     else:
-        from orchestrator.launch.control import Coordinator
-        from orchestrator.launch.control import ControlServer
+        from orchestrator.launch.control import ControlServer, Coordinator, Decision
 
         key = secrets.token_bytes(32)
-        coord = Coordinator(list(range(R)), "plan", lambda *a: None, quorum_s=60, commit_timeout_s=600)
+        coord = Coordinator(list(range(R)), "plan", lambda *a: Decision(False, reason="the benchmark is over"),
+                            quorum_s=60, commit_timeout_s=600, fan_in=R)  # flat: every leader to the coordinator
         server = ControlServer(coord, key)
     q = mp.get_context("fork").Queue()
     p = mp.get_context("fork").Process(target=_leaders, args=(server.port, R, steps, key, q))

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import heapq
 import json
 import math
+import os
 import random
 import secrets
 import sys
@@ -38,8 +40,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.launch.control import Coordinator  # noqa: E402
-from orchestrator.launch.inplace import InPlace, copy_size  # noqa: E402
-from orchestrator.train import wire  # noqa: E402
+from orchestrator.launch.inplace import copy_size  # noqa: E402
+from orchestrator.launch.stragglers import Stragglers  # noqa: E402
+from orchestrator.launch.srun import SrunWorkers  # noqa: E402
+from orchestrator.train import tree, wire  # noqa: E402
+from orchestrator.train.tree import Aggregator  # noqa: E402
 
 CONSTANTS = {  # stated, not emulated
     "fabric_hop_s": 20e-6,  # one way, a leader to the coordinator over the data-center network (TCP)
@@ -64,7 +69,7 @@ CONFIGS = {  # name: overrides (copies of 128 GPUs: Llama 3 405B's TP8 PP16; of 
     "2k-8": ["model=llama3_8b", "training.seq_len=8192", "cluster.nodes=256", "layout.tp=8", "layout.dp=256",
              "layout.dp_shard=1", "training.global_batch=1024"],
 }
-SCENARIOS = ("crash", "node", "hang", "straggler", "two", "flap", "drain", "supervisor", "partition")
+SCENARIOS = ("crash", "node", "hang", "straggler", "two", "flap", "drain", "supervisor", "partition", "aggregator")
 # Llama 3 405B pre-training, 54 days: 419 unexpected interruptions by cause (Table 5), and the kind of
 # failure each is in this model.
 LLAMA3_TABLE5 = [("faulty GPU", 148, "crash"), ("GPU HBM3 memory", 72, "crash"), ("software bug", 54, "crash"),
@@ -80,27 +85,132 @@ LLAMA3_TABLE5 = [("faulty GPU", 148, "crash"), ("GPU HBM3 memory", 72, "crash"),
 def plan_of(name: str):
     from orchestrator import compose, make_plan
 
-    plan = make_plan(compose(CONFIGS[name]))
+    plan = make_plan(compose(CONFIGS[name] + ["launcher=slurm"]))  # the job supervises itself (srun.py)
     if not plan.valid:
         raise SystemExit(f"{name}: " + "; ".join(str(e) for e in plan.errors))
     return plan
 
 
-class SimInPlace(InPlace):
-    """The real decision; only the re-plan for a given number of copies is remembered (the planner
-    is deterministic), so a replay does not plan the same layout twice."""
+ROOT = tree.ROOT
+FAN_IN = [0]  # the commit tree's fan-in (0: tree.fan_in's)
+SHIM = r"""#!{python}
+# SLURM's commands for benchmarks/failover_sim.py: the node states of its timeline at its virtual time.
+import json, os, sys
+folder = os.environ["ORCH_SIM_SLURM"]
+name, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+if name == "scontrol":
+    if args[:2] == ["show", "config"]:
+        print("SlurmdTimeout           = {slurmd} sec")
+    elif args[:2] == ["show", "hostnames"]:
+        print("\n".join(args[2].split(",")))
+    sys.exit(0)
+if name == "squeue":
+    print("RUNNING")
+    sys.exit(0)
+now = float(open(os.path.join(folder, "now")).read())
+timeline = json.load(open(os.path.join(folder, "timeline.json")))
+nodes = args[args.index("-n") + 1].split(",") if "-n" in args else list(timeline)
+fmt = args[args.index("-o") + 1] if "-o" in args else "%N %T"
+out = []
+for n in nodes:
+    state, reason = "allocated", "none"
+    for t, st in timeline.get(n, ()):
+        if t <= now:
+            state = st
+            reason = "maintenance" if st.startswith("drain") else "Not responding" if st.startswith("down") else "none"
+    out.append(fmt.replace("%N", n).replace("%T", state).replace("%E", reason))
+print("\n".join(out))
+"""
 
-    _plans: dict = {}
 
-    def _replan(self, copies: int):
-        key = (id(self.plan.spec), copies)
-        if key not in self._plans:
-            self._plans[key] = super()._replan(copies)
-        return self._plans[key]
+def slurm_shims(folder: Path) -> Path:
+    """sinfo, scontrol and squeue on PATH that replay the simulation's node states at its virtual
+    time (folder/now and folder/timeline.json, written by the simulator before each poll)."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("sinfo", "scontrol", "squeue"):
+        path = bin_dir / name
+        path.write_text(SHIM.format(python=sys.executable, slurmd=int(CONSTANTS["node_down_s"])))
+        path.chmod(0o755)
+    return bin_dir
+
+
+class VirtualTime:
+    """The `time` the SLURM wait loop sees (orchestrator.launch.srun.time): sleeping runs the
+    simulation up to the virtual time it wakes at."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def monotonic(self) -> float:
+        return self.sim.now
+
+    def time(self) -> float:
+        return 1.7e9 + self.sim.now
+
+    def sleep(self, dt: float) -> None:
+        self.sim.run_until(self.sim.now + dt)
+
+
+class SimProc:
+    """The srun step: running until every leader is done or told to exit."""
+
+    def __init__(self, sim):
+        self.sim, self.pid = sim, -1
+
+    def poll(self):
+        return 0 if self.sim.finished() else None
+
+
+class CoordinatorOnServer:
+    """The coordinator as the supervisor's thread sees it (SrunWorkers.wait calls `lost`): its
+    work queues on the root's one server like a leader's message."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    @property
+    def current(self):
+        return self.sim.coord.current
+
+    def lost(self, copies) -> None:
+        self.sim.sup_lost(copies)
+
+
+class SimSrunWorkers(SrunWorkers):
+    """SLURM's workers with the step and the job's services replaced by the simulation: `start`
+    is the simulator's; `wait` (the node-state polling, the hand-over to the coordinator) is
+    SrunWorkers' own. The warm spare copies the simulator keeps are the only other change."""
+
+    def __init__(self, sim, spec, run_dir: Path):
+        super().__init__(spec, run_dir, [f"sim{i:05d}" for i in range(spec.cluster.nodes)])
+        self.sim = sim
+
+    def waiting_spares(self) -> set[int]:
+        return set(self.sim.spare_ids)
+
+    def assign(self, copies, plan, plan_dir) -> None:
+        self.sim.spare_ids -= set(copies)
+
+    def say(self, text: str) -> None:
+        self.sim.events.append({"t": self.sim.now, "say": text})
+
+    def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
+        self.current, self.policy, self.plan_dir = list(nodes[: self.spec.cluster.nodes]), policy, Path(plan_dir)
+        self.services = type("Services", (), {"coordinator": CoordinatorOnServer(self.sim), "close": lambda s: None})()
+        per = self.sim.size // self.spec.hardware.gpus_per_node or 1  # nodes per copy (ranks laid out node by node)
+        self.node_copies = {n: [k // per] if self.sim.size >= self.spec.hardware.gpus_per_node else
+                            sorted({(k * self.spec.hardware.gpus_per_node + g) // self.sim.size
+                                    for g in range(self.spec.hardware.gpus_per_node)})
+                            for k, n in enumerate(self.current)}
+        self.proc = SimProc(self.sim)
+        self.sim.begin(policy)
 
 
 class Sim:
-    """One scenario on one configuration: leaders, supervisor and server on a virtual clock."""
+    """One scenario on one configuration: the real supervisor loop (supervisor.supervise) with
+    SLURM's wait loop (srun.SrunWorkers.wait) on a virtual clock, the real coordinator and
+    the leaders' real commit tree (train/tree.py); leaders and their traffic emulated."""
 
     def __init__(self, name: str, scenario: str, spares: int = 2, seed: int = 0, steps: int | None = None):
         self.plan, self.scenario = plan_of(name), scenario
@@ -112,16 +222,14 @@ class Sim:
         self.rng, self.key, self.now = random.Random(seed), secrets.token_bytes(32), 0.0
         self.q: list = []
         self.n = 0
-        self.server_free, self.server_busy = 0.0, 0.0
-        self.dir = tempfile.mkdtemp(prefix="failover_sim_")
-        self.coord = Coordinator(list(range(self.R)), self.dir, self._decide, quorum_s=self.quorum_s,
-                                 commit_timeout_s=self.timeout_s, clock=lambda: self.now)
-        self.policy = SimInPlace(self.plan, Path(self.dir), 0, self)
+        self.free: dict[int, float] = {}  # server (ROOT or an aggregating leader) -> when its CPU is free
+        self.busy = 0.0
+        self.dir = Path(tempfile.mkdtemp(prefix="failover_sim_"))
+        self.n_spares = spares
         self.spare_ids = set(range(self.R, self.R + spares))
-        self.conn = {c: [secrets.token_hex(8), 0] for c in range(self.R + spares)}
+        self.conn = {c: secrets.token_hex(8) for c in range(self.R + spares)}
         self.broken: dict[int, tuple[str, float]] = {}
         self.drained: set[int] = set()
-        self.rounds: dict = {}
         self.lat: list[float] = []
         self.exited: dict[int, str] = {}
         self.events: list[dict] = []
@@ -133,49 +241,122 @@ class Sim:
         self.last_step = -1
         self.committed_before = 0
         self.gen_of: dict[int, int] = {}
-        self._out: list = []
+        self.done_step: dict[int, int] = {}  # leader -> the last step it saw committed
+        self.pending: dict[int, tuple] = {}  # leader -> (request id, body) of its commit in flight
+        self.direct: dict[int, int] = {}  # leader -> the generation it was told to report straight to the root in
+        self.req = 0
+        self.rounds: dict = {}
+        self.timeline: dict[str, list] = {}
+        self.max_wait = 0.0  # the longest any member's leader waited for an answer (a spare's join aside)
         self._last: tuple = (None, b"")
+        self.coord = None
 
-    # ---- what InPlace asks of its workers ---------------------------------------------------
-    def say(self, text: str) -> None:
-        self.events.append({"t": self.now, "say": text})
+    # ---- the supervisor: the real loop, SLURM's commands shimmed -----------------------------
+    def run(self) -> dict:
+        from orchestrator.launch import srun, supervisor
 
-    def waiting_spares(self) -> set[int]:
-        return set(self.spare_ids)
+        folder = self.dir / "slurm"
+        bin_dir = slurm_shims(folder)
+        self._write_slurm()
+        saved = srun.time, os.environ.get("PATH"), os.environ.get("ORCH_SIM_SLURM")
+        srun.time = VirtualTime(self)
+        gc.collect()
+        gc.disable()  # a pause of the simulator's heap (every leader's state) is no one server's: not charged
+        os.environ["PATH"], os.environ["ORCH_SIM_SLURM"] = f"{bin_dir}{os.pathsep}{saved[1]}", str(folder)
+        try:
+            workers = SimSrunWorkers(self, self.plan.spec, self.dir / "run")
+            (self.dir / "run").mkdir()
+            self.code = supervisor.supervise(self.plan, self.dir / "run", workers, say=lambda *a, **k: None)
+        finally:
+            gc.enable()
+            srun.time = saved[0]
+            os.environ["PATH"] = saved[1]
+            if saved[2] is None:
+                os.environ.pop("ORCH_SIM_SLURM", None)
+        self.workers = workers
+        return self.result()
 
-    def lost_nodes(self) -> list:
-        return sorted(self.broken)
+    def _write_slurm(self) -> None:
+        folder = self.dir / "slurm"
+        (folder / "now").write_text(repr(self.now))
+        (folder / "timeline.json").write_text(json.dumps(self.timeline))
 
-    def assign(self, copies, plan, plan_dir) -> None:
-        self.spare_ids -= set(copies)
+    def node_of(self, copy: int) -> str:
+        per = max(1, self.size // self.plan.spec.hardware.gpus_per_node)
+        return f"sim{copy * per:05d}"
+
+    def begin(self, policy) -> None:
+        """The step starts (SrunWorkers.start): the coordinator, the leaders, the warm spares."""
+        self.policy = policy
+        self.coord = Coordinator(list(range(self.R)), str(self.dir), self._decide, quorum_s=self.quorum_s,
+                                 commit_timeout_s=self.timeout_s, clock=lambda: self.now, fan_in=FAN_IN[0],
+                                 push=lambda c, m: self._out.append(("push", c, m)),
+                                 stragglers=Stragglers())  # each commit's busy summary, as the runtime sends
+        self.k = self.coord.fan_in
+        self.agg, self.trees = {}, {}
+        for c in range(self.R):
+            self._configure(c, 0, list(range(self.R)))
+        for s in sorted(self.spare_ids):  # warm spares wait to be admitted
+            self.coord.expect(s)
+            self.send_root(s, {"op": "join", "copy": s, "gen": -1, "now": False}, 0.0)
+        for c in range(self.R):
+            self.at(0.0, self.start, c, 0, 0)
+        self.at(0.1, self.tick)
+        self.at(0.0, self.inject)
 
     def _decide(self, alive, dead, joiners, step):
         return self.policy.decide(alive, dead, joiners, step)
+
+    def finished(self) -> bool:
+        live = [c for c in self.coord.current.copies if c not in self.broken and c not in self.exited]
+        return self.coord.current.copies == [] or (all(self.gen_of.get(c) == self.coord.current.gen and
+                                                        self.done_step.get(c, -1) + 1 >= self.steps for c in live)
+                                                    and self.coord.changing is None)
 
     # ---- the event queue -----------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
         self.n += 1
         heapq.heappush(self.q, (t, self.n, fn, args))
 
-    def run(self) -> dict:
-        for s in sorted(self.spare_ids):  # warm spares wait to be admitted
-            self.coord.expect(s)
-            self.send(s, {"op": "join", "copy": s, "gen": -1, "now": False}, 0.0)
-        for c in range(self.R):
-            self.at(0.0, self.start, c, 0, 0)
-        self.at(0.1, self.tick)
-        self.at(0.0, self.inject)
-        while self.q:
+    def run_until(self, t_end: float) -> None:
+        while self.q and self.q[0][0] <= t_end:
             t, _, fn, args = heapq.heappop(self.q)
             self.now = max(self.now, t)
             fn(*args)
-        return self.result()
+        self.now = max(self.now, t_end)
+        if not self.q and self.now > 2 * self.t_end:
+            c = self.coord
+            raise RuntimeError(f"{self.scenario}: the simulation stalled at {self.now:.1f} s (no event left): generation "
+                               f"{c.current.gen}, changing {c.changing}, {len(c.reporting)} reporting, {len(c.waiting)} "
+                               f"waiting, {c.counted} counted at step {c.step}, dead {sorted(c.dead)[:5]}, "
+                               f"{len(self.pending)} leaders waiting, e.g. {list(self.pending.items())[:3]}")
+        self._write_slurm()
 
     # ---- the leaders ---------------------------------------------------------------------------
-    def start(self, c: int, gen: int, step: int) -> None:
-        if c in self.broken or c in self.exited:
+    def _configure(self, c: int, gen: int, copies: list[int]) -> None:
+        """Leader c learns generation `gen`'s tree (Replicas.build does it at runtime): whether it
+        aggregates, and for whom (on its own CPU: what it held is told to go to the root)."""
+        if gen not in self.trees:
+            self.trees = {g: t for g, t in self.trees.items() if g >= gen - 1}
+            self.trees[gen] = (list(copies), {x: i for i, x in enumerate(copies)})
+        copies, pos = self.trees[gen]
+        R, k = len(copies), self.k
+        if c not in pos:
             return
-        if step >= self.steps:
+        if k < R and tree.children(pos[c], R, k):
+            if c not in self.agg:
+                self.agg[c] = Aggregator(c, functools.partial(self._up, c), functools.partial(self._to_root, c))
+            self._on_server(c, self.agg[c].configure, gen, copies, k, pos[c])
+        elif c in self.agg:
+            self._on_server(c, self.agg.pop(c).configure, gen, copies, k, pos[c])
+
+    def parent_of(self, c: int, gen: int) -> int:
+        copies, pos = self.trees[gen]
+        up = tree.parent(pos[c], self.k) if c in pos else ROOT
+        return ROOT if up == ROOT else copies[up]
+
+    def start(self, c: int, gen: int, step: int) -> None:
+        if c in self.broken or c in self.exited or step >= self.steps:
             return
         self.gen_of[c] = gen
         f = self.slow.get(c, 1.0) if step < self.slow_until else 1.0
@@ -202,31 +383,47 @@ class Sim:
             for m in rd["members"]:
                 t = self.now + 2e-4 * self.rng.random()  # the copy's own agreement and its leader
                 rd["sent"] = max(rd["sent"], t)
-                loss = 2.0 + 0.001 * step
-                self.send(m, {"op": "commit", "copy": m, "gen": gen, "step": step, "sums": [loss, 1.0, 0.0]}, t)
+                self.at(t, self.commit, m, gen, step)
+            if self.scenario == "aggregator" and step == 3 and self.t_fail is None:  # dies with every sum on the way
+                self.at(self.now + 1e-4, self.fail, [self.agg_victim()], "node")
+
+    def commit(self, c: int, gen: int, step: int) -> None:
+        if c in self.broken:
+            return
+        body = {"op": "commit", "copy": c, "gen": gen, "step": step, "sums": [2.0 + 0.001 * step, 1.0, 0.0],
+                "busy": self.step_s * (0.9 + 0.02 * self.rng.random()), "saving": False}
+        self.req += 1
+        rid = self.req
+        self.pending[c] = (rid, body, self.now)
+        if c in self.agg and self.direct.get(c) != gen:  # its own commit into its own aggregator (no hop)
+            return self.at(self.now, self._serve_local, c, body, rid)
+        up = self.parent_of(c, gen)
+        if self.direct.get(c) == gen or up == ROOT:
+            return self.send_root(c, body, self.now, rid)
+        self._send(up, c, body, self.now, functools.partial(self.receive, c, rid))
 
     def _fail_later(self, rd, c, gen, step, broken) -> None:
         """The all-reduce cannot finish: after a reset (a crash) or the collective's timeout (a silent
-        peer), this copy's leader reports the failure."""
+        peer), this copy's leader reports the failure straight to the coordinator."""
         if c in rd["reported"]:
             return
         rd["reported"].add(c)
         kind, tf = self.broken[broken[0]]
         delay = CONSTANTS["reset_s"] if kind == "crash" else self.timeout_s
-        t = max(self.now, tf) + delay
-        self.send(c, {"op": "failed", "copy": c, "gen": gen, "step": step, "sums": [0.0, 0.0, 0.0]}, t)
+        body = {"op": "failed", "copy": c, "gen": gen, "step": step, "sums": [0.0, 0.0, 0.0]}
+        self.req += 1
+        self.pending[c] = (self.req, body, max(self.now, tf) + delay)
+        self.send_root(c, body, max(self.now, tf) + delay, self.req)
 
-    def send(self, c: int, body: dict, t: float) -> None:
-        if c in self.broken and self.broken[c][0] == "partition":
-            return  # lost in the partition
-        nonce, seq = self.conn[c]
-        self.conn[c][1] = seq + 1
-        line = wire.encode(self.key, body, nonce, seq + 1)
-        self.at(t + self.hop, self.serve, c, line)
-
-    def receive(self, c: int, answer: dict) -> None:
-        if c in self.broken or c in self.exited:
-            return
+    def receive(self, c: int, rid: int, answer) -> None:
+        if c in self.broken or c in self.exited or c not in self.pending or self.pending[c][0] != rid:
+            return  # an answer it no longer waits for (it went to the root instead)
+        _, body, t_asked = self.pending[c]
+        if answer is None or answer.get("op") in ("rehome", "report"):  # its aggregator is gone or could not take it
+            return self.send_root(c, body, self.now)
+        self.pending.pop(c)
+        if body["op"] != "join":  # a warm spare waits to be needed, by design without end
+            self.max_wait = max(self.max_wait, self.now - t_asked)
         op = answer["op"]
         if op == "commit":
             gen, step = self.gen_of[c], answer["step"]
@@ -237,52 +434,108 @@ class Sim:
                     self.lat.append(self.now - rd["sent"])
             if self.t_fail is not None and self.first_after is None and gen > 0:
                 self.first_after = self.now
-                if self.scenario == "flap":  # the node comes back, then dies again while it waits to join
-                    self.at(self.now + 2 * self.step_s, self.rejoin)
-                    self.at(self.now + 6 * self.step_s, self.fail, [self.R + 9], "crash")
             self.last_step = max(self.last_step, step)
+            self.done_step[c] = step
             return self.start(c, gen, step + 1)
         if op == "reform":
+            self._configure(c, answer["gen"], answer["copies"])
             new = c in answer["new"]
             state_s = self.plan.blast_radius["checkpoint_bytes"] / self.N / (CONSTANTS["state_gbps"] * 1e9) if new else 0.0
             rebuild_s = 3 * len(answer["copies"]) * self.size / CONSTANTS["store_ops_s"]
             return self.at(self.now + rebuild_s + state_s, self.start, c, answer["gen"], answer["step"])
         self.exited[c] = answer.get("reason", "")
 
-    # ---- the server and the supervisor (one server: its measured CPU time queues) ---------------
-    def _on_server(self, fn, *args) -> None:
-        """Run `fn` as the server would, when the server is free; its replies leave when it is done."""
+    def on_push(self, c: int, msg: dict) -> None:
+        """The coordinator's `report`: a change began; what waits in the tree goes to the root."""
+        if c in self.broken or c in self.exited:
+            return
+        self.direct[c] = msg["gen"]
+        if c in self.pending and self.pending[c][1]["op"] == "commit" and self.pending[c][1]["gen"] == msg["gen"]:
+            self.send_root(c, self.pending[c][1], self.now)
+
+    # ---- messages, and the servers (the root, each aggregating leader: one CPU each) ----------
+    def send_root(self, c: int, body: dict, t: float, rid: int | None = None) -> None:
+        if rid is None:  # a new request for the same body
+            self.req += 1
+            rid = self.req
+            self.pending[c] = (rid, body, self.pending.get(c, (0, 0, t))[2])
+        self._send(ROOT, c, body, t, functools.partial(self.receive, c, rid))
+
+    def _send(self, dst: int, src: int, body: dict, t: float, on_answer) -> None:
+        if self._cut(src) or (dst != ROOT and self._cut(dst)):
+            if dst != ROOT and self.broken.get(dst, ("",))[0] == "crash":  # its peer's connection reset
+                self.at(t + CONSTANTS["reset_s"], on_answer, None)
+            return  # lost (a dead or partitioned end: nobody answers)
+        line = wire.encode(self.key, body, self.conn[src], 1)
+        self.at(t + self.hop, self.serve, dst, src, line, on_answer)
+
+    def _cut(self, c: int) -> bool:
+        return c in self.broken
+
+    def _on_server(self, sid: int, fn, *args) -> None:
+        """Run `fn` as server `sid` would, when it is free; its replies leave when it is done."""
+        if self.free.get(sid, 0.0) > self.now:  # busy: it waits its turn (the clock does not jump)
+            return self.at(self.free[sid], self._on_server, sid, fn, *args)
         self._out = []
-        start = max(self.now, self.server_free)
-        self.now = start
+        start = self.now
         w0 = time.thread_time()  # CPU time: a busy shared machine's descheduling is not charged
         fn(*args)
         dt = time.thread_time() - w0
-        self.server_busy += dt
-        self.server_free = start + dt
-        for c, answer in self._out:
-            self.at(self.server_free + self.hop, self.receive, c, answer)
+        self.busy += dt
+        self.free[sid] = start + dt
+        out, self._out = self._out, []
+        for item in out:
+            if item[0] == "push":
+                self.at(self.free[sid] + self.hop, self.on_push, item[1], item[2])
+            else:
+                on_answer, answer, local = item
+                self.at(self.free[sid] + (0.0 if local else self.hop), on_answer, answer)
         if self.t_fail is not None and self.detected is None and self.coord.changing is not None:
             self.detected = start - self.t_fail
 
-    def serve(self, c: int, line: bytes) -> None:
-        self._on_server(self._serve, c, line)
+    def serve(self, sid: int, src: int, line: bytes, on_answer) -> None:
+        if sid != ROOT and (sid in self.broken or sid not in self.agg):
+            if sid not in self.broken:  # no longer an aggregator: it says go to the root
+                self.at(self.now + self.hop, on_answer, tree.REHOME)
+            return
+        self._on_server(sid, self._serve, sid, line, on_answer)
 
-    def _serve(self, c: int, line: bytes) -> None:
+    def _serve(self, sid: int, line: bytes, on_answer, local: bool = False) -> None:
         nonce, seq, body = wire.decode(self.key, line)  # what ControlServer._line does
-        if nonce != self.conn[c][0]:
-            raise AssertionError("nonce")
 
-        def reply(answer, c=c, seq=seq):  # may be called later, from another server call
-            if self._last[0] is not answer:
+        def reply(answer, on_answer=on_answer):  # may be called later, from another server call
+            if self._last[0] is not answer:  # as ControlServer._reply: serialised once, signed per leader
                 self._last = (answer, wire.canonical(answer))
             wire.encode(self.key, self._last[1], nonce, seq)
-            self._out.append((c, answer))
-        self.coord.handle(body, reply)
+            self._out.append((on_answer, answer, local))
+        (self.coord if sid == ROOT else self.agg[sid]).handle(body, reply)
+
+    def _serve_local(self, c: int, body: dict, rid: int) -> None:
+        if c in self.agg and c not in self.broken:
+            line = wire.encode(self.key, body, self.conn[c], 1)
+            self._on_server(c, self._serve, c, line, functools.partial(self.receive, c, rid), True)
+        else:
+            self.send_root(c, body, self.now, rid)
+
+    def _up(self, c: int, body: dict, on_answer) -> None:
+        """Aggregator c's sum to its parent (called on c's server: leaves when c is done)."""
+        up = self.parent_of(c, self.agg[c].gen)
+        self._after(c, lambda: self._send(up, c, body, self.now, functools.partial(self._on_agg, c, on_answer)))
+
+    def _to_root(self, c: int, body: dict, on_answer) -> None:
+        self._after(c, lambda: self._send(ROOT, c, body, self.now, functools.partial(self._on_agg, c, on_answer)))
+
+    def _after(self, sid: int, fn) -> None:
+        self._out.append((lambda _: fn(), None, True))
+
+    def _on_agg(self, c: int, on_answer, answer) -> None:
+        if c in self.broken or c not in self.agg:
+            return
+        self._on_server(c, on_answer, answer)
 
     def tick(self):
-        self._on_server(self.coord.tick)
-        if self.now < self.t_end:
+        self._on_server(ROOT, self.coord.tick)
+        if self.now < self.t_end and not self.finished():
             self.at(self.now + 0.1, self.tick)
 
     @property
@@ -296,49 +549,56 @@ class Sim:
     # ---- the failures ---------------------------------------------------------------------------
     slow_until = 0
 
+    def agg_victim(self) -> int:
+        """An aggregator with a subtree below it (position 1: k children, each with its own)."""
+        return self.coord.current.copies[1 if self.k < self.R else self.R - 1]
+
     def inject(self) -> None:
         s, t0 = self.scenario, 3 * self.step_s + 0.4 * self.step_s
         victim = self.R - 1
         if s == "straggler":
             self.slow, self.slow_until = {victim: 1.5}, 8
             return
-        if s == "supervisor":
+        if s in ("supervisor", "aggregator"):
             return
-        self.at(t0, self.fail, [victim, 0] if s == "two" else [victim], "node" if s == "flap" else
-                "crash" if s == "two" else s)
+        if s == "flap":  # down, back, down again: SLURM's states replayed by sinfo
+            n = self.node_of(victim)
+            self.timeline[n] = [[t0 + CONSTANTS["node_down_s"], "down*"], [t0 + 60, "idle"],
+                                [t0 + 90, "down*"], [t0 + 120, "idle"]]
+        self.at(t0, self.fail, [victim, 0] if s == "two" else [victim], "node" if s in ("flap", "two") else s)
 
     def fail(self, copies: list[int], kind: str) -> None:
         if self.t_fail is None:
             self.t_fail, self.committed_before = self.now, self.last_step + 1
-        if kind == "drain":  # planned: the copy is healthy and keeps going until dismissed
-            self.drained |= set(copies)
-            return self.at(self.now + CONSTANTS["poll_s"], self.sup_lost, copies)
         for c in copies:
+            n = self.node_of(c)
+            if kind == "drain":  # planned: the copy is healthy and goes on until dismissed
+                self.timeline[n] = [[self.now, "draining"]]
+            elif kind == "node" and n not in self.timeline:  # SLURM marks it down after SlurmdTimeout
+                self.timeline[n] = [[self.now + CONSTANTS["node_down_s"], "down*"]]
+        if kind == "drain":
+            self.drained |= set(copies)
+            return
+        for c in copies:  # a partitioned node stays up for SLURM (and a crash leaves it up)
             self.broken[c] = (kind, self.now)
         for (gen, step), rd in list(self.rounds.items()):  # survivors already waiting in the all-reduce
             if set(copies) & rd["members"] and not rd.get("done"):
                 for c in list(rd["arrived"]):
                     if c not in self.broken:
                         self._fail_later(rd, c, gen, step, copies)
-        if kind == "crash":  # the launcher sees the processes gone and ends the copy: its connection closes
+        if kind == "crash":  # the processes are gone: the kernel closes the leader's connections
             for c in copies:
-                self.at(self.now + CONSTANTS["poll_s"], self.sup_closed, c)
-        if kind in ("node", "partition"):
-            self.at(self.now + CONSTANTS["node_down_s"], self.sup_lost, copies)
-
-    def rejoin(self) -> None:
-        """The node is back: a new copy on it joins now (flap)."""
-        new = self.R + 9
-        self.conn[new] = [secrets.token_hex(8), 0]
-        self.coord.expect(new)
-        self.send(new, {"op": "join", "copy": new, "gen": -1, "now": True}, self.now)
+                self.at(self.now + CONSTANTS["reset_s"], self.sup_closed, c)
+        for c in copies:  # children waiting on a crashed aggregator see the reset
+            if c in self.agg and kind == "crash":
+                pass  # (handled when their messages meet the dead end: _send)
 
     def sup_lost(self, copies):
-        """The supervisor's side (its replies go to the leaders waiting, as the server's do)."""
-        self._on_server(self.coord.lost, copies)
+        """SrunWorkers.wait hands a node's copies to the coordinator (on the root's server)."""
+        self._on_server(ROOT, self.coord.lost, copies)
 
     def sup_closed(self, c):
-        self._on_server(self.coord.closed, c)
+        self._on_server(ROOT, self.coord.closed, c)
 
     # ---- the outcome ----------------------------------------------------------------------------
     def result(self) -> dict:
@@ -346,13 +606,15 @@ class Sim:
         decisions = self.coord.history
         evicted = sorted({c for d in decisions for c in d["dead"]} - set(self.broken) - self.drained)
         waiting = len(self.coord.waiting)
-        out = {"scenario": self.scenario, "ranks": self.N, "copies": self.R, "step_s": round(self.step_s, 3),
+        out = {"scenario": self.scenario, "ranks": self.N, "copies": self.R, "fan_in": self.k,
+               "step_s": round(self.step_s, 3),
                "commit_p50_s": lat[len(lat) // 2], "commit_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
                "detected_s": None if self.detected is None else round(self.detected, 3),
                "recovered": True, "recovery_s": None, "steps_lost": 0, "healthy_evicted": len(evicted),
                "generations": self.coord.current.gen, "left_waiting": waiting,
+               "max_wait_s": round(self.max_wait, 3), "supervisor_exit": self.code,
                "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1,
-               "server_cpu_s": round(self.server_busy, 3)}
+               "server_cpu_s": round(self.busy, 3)}
         if self.scenario == "supervisor":  # the coordinator dies with its node: requeue, restart (modelled)
             every = self.plan.blast_radius["checkpoint_interval_s"] or 0
             out.update(detected_s=CONSTANTS["node_down_s"], modelled=True,
@@ -360,15 +622,21 @@ class Sim:
                        steps_lost=round(every / 2 / self.step_s, 1))
         elif self.scenario != "straggler":
             out["steps_lost"] = max(0, self.committed_before - decisions[0]["step"]) if decisions else None
-            out["recovered"] = self.first_after is not None and self.last_step + 1 >= self.steps and waiting == 0
+            out["recovered"] = (self.first_after is not None and self.last_step + 1 >= self.steps and waiting == 0
+                                and self.code == 0)
             out["recovery_s"] = None if self.first_after is None else round(self.first_after - self.t_fail, 3)
         else:
-            out["recovered"] = self.coord.current.gen == 0 and self.last_step + 1 >= self.steps
+            out["recovered"] = self.coord.current.gen == 0 and self.last_step + 1 >= self.steps and self.code == 0
         return out
 
 
 def scenario(name: str, kind: str, seed: int = 0) -> dict:
-    return {"config": name, **Sim(name, kind, seed=seed).run()}
+    sim = Sim(name, kind, seed=seed)
+    try:
+        return {"config": name, **sim.run()}
+    except RuntimeError as e:  # a stall is a result: not recovered, and what was left waiting
+        return {"config": name, "scenario": kind, "ranks": sim.N, "copies": sim.R, "recovered": False,
+                "error": str(e)[:2000], "step_s": round(sim.step_s, 3)}
 
 
 def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None = None, seed: int = 0) -> dict:
@@ -428,7 +696,8 @@ def main() -> None:
         for k in a.scenarios.split(","):
             rows.append(scenario(n, k))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress: a 100k-rank scenario takes minutes
-    replays = [replay(rows, n) for n in a.configs.split(",") if set(a.scenarios.split(",")) >= set(SCENARIOS)]
+    needed = {kind for _, _, kind in LLAMA3_TABLE5}  # the kinds the failure mix replays
+    replays = [replay(rows, n) for n in a.configs.split(",") if set(a.scenarios.split(",")) >= needed]
     if a.json:
         print(json.dumps({"constants": CONSTANTS, "scenarios": rows, "replays": replays}, indent=1))
         return

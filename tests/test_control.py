@@ -6,6 +6,7 @@ import secrets
 import socket
 import stat
 import sys
+import threading
 import time
 
 import pytest
@@ -207,3 +208,62 @@ def test_the_cli_refuses_to_write_into_another_users_run(tmp_path):
     assert not (tmp_path / "run" / "plan.json").exists()
     r = run_cli(["hardware=cpu", "model=tiny", "figures=false", "launcher.allow_other_owner=true"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_commits_climb_a_tree_of_leaders_and_an_aggregator_lost_strands_nobody(tmp_path, monkeypatch):
+    """80 copies (fan-in 16: the coordinator hears 16 sums a step) with the leaders' own code
+    (Replicas' tree path, train/tree.py) over loopback: each step every leader gets the totals over
+    all 80; then an aggregator with 16 copies under it dies with their commits in its hands: its
+    children re-home to the coordinator, which decides without it, and every survivor is told."""
+    from orchestrator.train.replicas import Replicas
+
+    R = 80
+    monkeypatch.setenv(wire.KEY_ENV, str(wire.make_secret(tmp_path)))
+    decisions = []
+
+    def decide(alive, dead, joiners, step):
+        decisions.append((alive, dead, step))
+        return Decision(True, "plan", list(alive))
+
+    coord = Coordinator(list(range(R)), "plan", decide, quorum_s=3.0, commit_timeout_s=20.0)
+    server = ControlServer(coord, wire.env_secret())
+    reps = [Replicas(None, server.address(), c, 0, 1, timeout_s=10.0, copies=list(range(R))) for c in range(R)]
+    try:
+        for r in reps:
+            r.tree_for(0, list(range(R)))
+        assert coord.fan_in == 16 and all(r.agg is not None for r in reps)
+
+        def step(leaders, k, meanwhile=None):
+            out = {}
+            threads = [threading.Thread(target=lambda r=r: out.__setitem__(r.copy, r._up_the_tree(
+                {"op": "commit", "copy": r.copy, "gen": r.gen, "step": k, "sums": [float(r.copy), 1.0, 0.0]}, 30.0)))
+                for r in leaders]
+            for t in threads:
+                t.start()
+            if meanwhile is not None:
+                meanwhile()
+            for t in threads:
+                t.join(60)
+            return out
+
+        for k in range(3):
+            out = step(reps, k)
+            assert len(out) == R and all(a == {"op": "commit", "step": k, "loss": (R - 1) / 2, "stop": False}
+                                         for a in out.values()), out
+        assert coord.commits == 3 and len(reps[0].agg.kids) == 16  # copy 0 sums copies 16..31's
+        def die():  # copy 0 dies holding its children's commits: its aggregator and its connection go
+            deadline = time.monotonic() + 30
+            while reps[0].agg.n < 16 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert reps[0].agg.n == 16 and not reps[0].agg.sent  # 16 children in, its own commit missing
+            reps[0].server.close()
+            reps[0].client.close()
+        out = step(reps[1:], 3, meanwhile=die)
+        assert decisions == [(list(range(1, R)), [0], 3)]
+        assert len(out) == R - 1 and all(a["op"] == "reform" and a["copies"] == list(range(1, R))
+                                         for a in out.values()), out
+        assert sum(coord.dropped.values()) == 0, coord.dropped
+    finally:
+        for r in reps[1:]:
+            r.finish()
+        server.close()

@@ -50,13 +50,21 @@ def test_the_coordinator_names_a_copy_slower_by_the_margin_for_the_set_steps_and
 
 def test_noise_under_the_floor_and_the_faster_of_two_are_not_stragglers():
     from orchestrator.launch.stragglers import MIN_EXCESS_S, Stragglers
+    from orchestrator.train import tree
 
     s = Stragglers(1.3, 2)
+
+    def summary(busy):  # what the coordinator sums from each copy's commit (train/tree.py)
+        out = None
+        for c, (t, saving) in busy.items():
+            out = tree.merge_busy(out, tree.busy_of({"copy": c, "busy": t, "saving": saving}))
+        return out
+
     for step in range(4):  # 2x slower, but by less than the floor (a millisecond step's jitter)
-        s.observe(step, {0: (0.01, False), 1: (0.01 + MIN_EXCESS_S / 2, False)})
+        s.observe(step, summary({0: (0.01, False), 1: (0.01 + MIN_EXCESS_S / 2, False)}))
     assert s.take() == []
     for step in range(4, 6):  # two copies: the lower median is the faster one, so the slower is named
-        s.observe(step, {0: (1.0, False), 1: (2.0, False)})
+        s.observe(step, summary({0: (1.0, False), 1: (2.0, False)}))
     assert [x.copy for x in s.take()] == [1]
 
 

@@ -2,13 +2,21 @@
 state has several copies (layout.dp_shard < dp), as torchft's lighthouse does. Torch-free.
 
 Only copy leaders talk to it, over authenticated JSON lines (train/wire.py; the server is
-control_server.py). A state machine with no blocking wait: a request is answered now or
+train/control_server.py). A state machine with no blocking wait: a request is answered now or
 later through its `reply`, and `tick()` fires the deadlines, so the same object runs under
 the TCP server and under the simulator's virtual clock (benchmarks/failover_sim.py).
 
 - commit: each leader sends its copy's sums (loss, count, stop); once every copy of the
   generation did, every leader gets the same answer with the totals (the loss and stop
-  flag cross copies here, not over a group of all ranks). O(1) a message, O(R) a step.
+  flag cross copies here, not over a group of all ranks). With more copies than the fan-in
+  `fan_in` the commits come summed up a tree of leaders (train/tree.py): a message names the
+  size `n` of the subtree it sums, so the coordinator reads k messages a step, not R. A
+  commit for the step just granted gets that grant again (its aggregator died before passing
+  it on). O(1) a message, O(R) a step at most.
+- hi: a leader binds its connection to its copy and says where its aggregator listens;
+  tree: a leader asks for its parent's address in the generation's tree.
+- When a change of membership begins, every copy not yet heard from is pushed a `report`
+  (its commit then comes here directly: a dead or hung aggregator strands nobody).
 - failed: a copy whose cross-copy collective failed. The coordinator waits up to
   `quorum_s` for the other copies to reach the boundary, calls the supervisor's
   `decide(alive, dead, joiners, step)` and answers "reform" (new generation) or "exit".
@@ -38,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch.control_server import ControlServer
-from orchestrator.train import wire
+from orchestrator.train.control_server import ControlServer
+from orchestrator.train import tree, wire
 from orchestrator.train.wire import finite
 
 
@@ -62,16 +70,23 @@ class Decision:
     new: list[int] = field(default_factory=list)  # copies that need a healthy copy's state
 
 
-OPS = ("commit", "failed", "join", "bye")
+OPS = ("commit", "failed", "join", "bye", "hi", "tree")
 
 
 class Coordinator:
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float = 5.0,
-                 commit_timeout_s: float = 60.0, clock=time.monotonic, stragglers=None):
+                 commit_timeout_s: float = 60.0, clock=time.monotonic, fan_in: int = 0, push=None, stragglers=None):
         self.stragglers = stragglers  # launch/stragglers.Stragglers, or None: not watched
-        self.busy: dict[int, tuple[float, bool]] = {}  # copy -> (its work, saving) for self.step
+        self.busy: dict | None = None  # the copies' busy summary for self.step (train/tree.busy_of)
         self.current = Generation(0, list(copies), plan_dir)
         self.members = set(copies)
+        self.fan_in = fan_in or tree.fan_in(len(copies))  # k: the commit tree's fan-in (>= R: flat)
+        self.push = push  # push(copy, message): to a leader's own connection (the server sets it)
+        self.pos = {c: i for i, c in enumerate(copies)}  # copy -> position in the generation's tree
+        self.addr: dict[int, str] = {}  # copy -> where its aggregator listens (hi)
+        self.counted = 0  # copies whose commit of self.step is in (a subtree counts its size)
+        self.off_tree: list[int] = []  # positions that committed here although their parent is a leader
+        self.granted: tuple = (None, None, None)  # (gen, step, answer) of the last grant
         self.launched = set(copies)  # copies the launcher started (expect()): only they may join
         self.decide, self.quorum_s, self.commit_timeout_s, self.clock = decide, quorum_s, commit_timeout_s, clock
         self.lock = threading.RLock()
@@ -155,13 +170,28 @@ class Coordinator:
             if op == "bye":
                 self.finished.add(copy)
                 return
+            if op == "hi":
+                if isinstance(msg.get("addr"), str):
+                    self.addr[copy] = msg["addr"][:256]
+                return
             gen = msg["gen"]
             if gen < self.current.gen:  # an answer it missed while it computed
                 return reply(self._answer_for(copy))
+            if op == "tree":
+                up = tree.parent(self.pos[copy], self.fan_in)
+                return reply({"op": "tree", "gen": gen, "k": self.fan_in,
+                              "parent": "" if up == tree.ROOT else self.addr.get(self.current.copies[up], "")})
+            if op == "commit" and self.granted[:2] == (gen, msg["step"]):
+                return reply(self.granted[2])  # granted already: its aggregator did not pass it on
+            n = msg.get("n", 1)
             if op == "commit" and self.changing is None:
-                return self._commit(copy, msg["step"], msg["sums"], reply, msg.get("busy"), bool(msg.get("saving")))
+                return self._commit(copy, msg["step"], msg["sums"], reply, n, tree.busy_of(msg))
             self.waiting[copy] = reply
-            self._report(copy, msg["step"])
+            if n > 1:  # a subtree's sum reaching the boundary: each of its copies reports
+                for p in tree.subtree(self.pos[copy], len(self.current.copies), self.fan_in):
+                    self._report(self.current.copies[p], msg["step"])
+            else:
+                self._report(copy, msg["step"])
             self.sums.pop(copy, None)
             self._begin_change()
             self._maybe_conclude()
@@ -177,6 +207,8 @@ class Coordinator:
             if copy not in self.launched:
                 return "join_not_launched"
             return "join_member" if copy in self.members or copy in self.joiners else None
+        if op == "hi":
+            return None if copy in self.members or copy in self.launched else "not_in_generation"
         gen, step = msg.get("gen"), msg.get("step")
         if not isinstance(gen, int) or (op != "bye" and not isinstance(step, int)):
             return "malformed"
@@ -189,39 +221,61 @@ class Coordinator:
         if copy in self.waiting:
             return "duplicate"
         if op == "commit":
-            sums = msg.get("sums")
+            sums, n = msg.get("sums"), msg.get("n", 1)
             if not (isinstance(sums, list) and len(sums) == 3 and all(finite(x) for x in sums)):
                 return "malformed"
-            if not finite(msg.get("busy", 0.0)) or msg.get("busy", 0.0) < 0:
+            if not tree.valid_busy(msg):
                 return "malformed"
+            if n != 1 and n != tree.subtree_size(self.pos[copy], len(self.current.copies), self.fan_in):
+                return "malformed"  # a sum must cover exactly its subtree
+            if self.granted[:2] == (gen, step):
+                return None
             if self.changing is None and self.step is not None and step != self.step:
                 return "wrong_step"
         return None
 
-    def _commit(self, copy: int, step: int, sums: list, reply, busy=None, saving: bool = False) -> None:
+    def _commit(self, copy: int, step: int, sums: list, reply, n: int = 1, busy: dict | None = None) -> None:
         if self.step is None:
             self.step = step
         if not self.sums:
             self.first_at = self.clock()
-            self.busy = {}
-        self.sums[copy] = sums
-        if busy is not None:
-            self.busy[copy] = (float(busy), saving)
+            self.busy = None
+        if self._overlaps(copy, n):  # a copy counted twice (it re-homed while its sum was on the way)
+            self.waiting[copy] = reply
+            self._report(copy, step)
+            return self._begin_change()  # the safe way out: every copy reports, the step is redone
+        self.sums[copy] = (sums, n)
+        self.busy = tree.merge_busy(self.busy, busy)
         self.waiting[copy] = reply
-        if len(self.sums) < len(self.members):
+        self.counted += n
+        if self.counted < len(self.members):
             return
-        loss, count, stop = (sum(self.sums[c][i] for c in self.current.copies) for i in range(3))
+        loss, count, stop = (sum(s[i] for s, _ in self.sums.values()) for i in range(3))
         answer = {"op": "commit", "step": step, "loss": loss / count if count else None, "stop": stop > 0}
         self.commit_s.append(self.clock() - self.first_at)
-        replies = [self.waiting[c] for c in self.current.copies]
-        self.sums, self.waiting, self.first_at, self.step = {}, {}, None, step + 1
+        replies = list(self.waiting.values())
+        self.sums, self.waiting, self.first_at, self.step, self.counted = {}, {}, None, step + 1, 0
+        self.off_tree = []
+        self.granted = (self.current.gen, step, answer)
         self.commits += 1
         self.last_commit = time.time()
-        if self.stragglers is not None:
+        if self.stragglers is not None and self.busy is not None:
             self.stragglers.observe(step, self.busy)
-        self.busy = {}
-        for r in replies:  # each leader woken once, when the step is complete
+        self.busy = None
+        for r in replies:  # each leader (or aggregator) woken once, when the step is complete
             r(answer)
+
+    def _overlaps(self, copy: int, n: int) -> bool:
+        """Whether this commit covers a copy already counted this step: O(depth) for a commit from
+        the tree's top, O(depth x off-tree commits) otherwise (a copy that re-homed here)."""
+        pos, k = self.pos[copy], self.fan_in
+        if tree.parent(pos, k) != tree.ROOT:  # off the tree: one of its ancestors may hold it
+            if any(self.current.copies[a] in self.sums for a in tree.ancestors(pos, k)):
+                return True
+            self.off_tree.append(pos)
+        if n > 1:  # a sum: does it hold a copy that came here on its own?
+            return any(pos in tree.ancestors(p, k) for p in self.off_tree if p != pos)
+        return False
 
     def _join(self, copy: int, now: bool, reply) -> None:
         self.joiners[copy] = reply
@@ -234,9 +288,16 @@ class Coordinator:
         if self.changing is not None:
             return
         self.changing = self.clock()
-        for c in self.sums:  # who already asked to commit this step waits at its boundary
-            self._report(c, self.step)
-        self.sums, self.first_at = {}, None
+        R, k = len(self.current.copies), self.fan_in
+        for c, (_, n) in self.sums.items():  # who already asked to commit this step waits at its boundary
+            for p in (tree.subtree(self.pos[c], R, k) if n > 1 else (self.pos[c],)):
+                self._report(self.current.copies[p], self.step)
+        self.sums, self.first_at, self.counted, self.off_tree = {}, None, 0, []
+        if self.push is not None and k < R:  # copies held up in the tree: send your commit here
+            push = {"op": "report", "gen": self.current.gen}
+            for c in self.current.copies:
+                if c not in self.reporting and c not in self.dead:
+                    self.push(c, push)
 
     def _report(self, copy: int, step: int) -> None:
         if not self.reporting:
@@ -271,12 +332,14 @@ class Coordinator:
             self.current = Generation(self.current.gen + 1, [], "", step)
         self.history.append({"time": time.time(), "alive": alive, "dead": dead, **self.answer})
         self.members = set(self.current.copies)
+        self.pos = {c: i for i, c in enumerate(self.current.copies)}
+        self.granted = (None, None, None)
         replies = list(self.waiting.items())
         replies += [(c, r) for c, r in self.joiners.items() if c in self.members or not decision.reform]
         self.joiners = {c: r for c, r in self.joiners.items() if c not in self.members and decision.reform}
         self.now = set()  # a joiner left out waits as a spare: it does not ask again
         self.reporting, self.waiting, self.sums, self.dead, self.changing = {}, {}, {}, set(), None
-        self.first_at, self.step = None, step
+        self.first_at, self.step, self.counted, self.off_tree = None, step, 0, []
         for c, r in replies:
             r(self._answer_for(c))
 

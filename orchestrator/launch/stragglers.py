@@ -6,7 +6,9 @@ before they commit, so every copy waits there for the slowest and all arrive tog
 leader measures its copy's own work in the step (forward and backward, up to the cross-copy
 all-reduce; the copy's ranks are in lockstep through the copy's own collectives) and sends
 it with the commit (`busy`). The coordinator already holds every copy's commit of the step,
-so this costs O(R) a step (the median: a sort of R floats) and no collective; the progress
+so this costs O(R) a step and no collective; up the commit tree (train/tree.py) each sum carries
+a fixed-size summary (a histogram for the median, the few slowest copies by name), so no
+message grows with R; the progress
 beats (launch/progress.py) are files the launcher would have to read for all N ranks.
 
 The rule: a copy whose work took more than `failover.straggler_margin` x the median over
@@ -22,6 +24,8 @@ A straggler is not a hang: it makes progress every step, so the progress deadlin
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from orchestrator.train import tree
 
 MIN_EXCESS_S = 0.1  # a copy must be at least this much slower than the median, as well as by the margin
 
@@ -46,20 +50,24 @@ class Stragglers:
         self.named: set[int] = set()
         self.found: list[Straggler] = []  # named, not yet taken by the launcher
 
-    def observe(self, step: int, busy: dict[int, tuple[float, bool]]) -> None:
-        """One committed step: copy -> (its work in seconds, whether a save shared it)."""
-        times = sorted(t for t, _ in busy.values())
-        if len(times) < 2:
+    def observe(self, step: int, busy: dict) -> None:
+        """One committed step's busy summary (train/tree.busy_of, summed up the commit tree): a
+        histogram of the copies' work for the median, the slowest copies by name, the copies that
+        shared the step with a save. A copy not among the slowest is not past the margin."""
+        median = tree.lower_median(busy["hist"])
+        if median is None:
             return
-        median = times[(len(times) - 1) // 2]
-        for copy, (t, saving) in busy.items():
-            if saving:
-                continue
+        saving = set(busy["saving"])
+        slow = {}
+        for copy, t in busy["slow"]:
             if t > self.margin * median and t - median >= MIN_EXCESS_S:
-                self.streak[copy] = self.streak.get(copy, 0) + 1
-            else:
-                self.streak.pop(copy, None)
-            if self.streak.get(copy, 0) >= self.steps and copy not in self.named:
+                slow[copy] = t
+        for copy in list(self.streak):
+            if copy not in slow and copy not in saving:
+                self.streak.pop(copy)
+        for copy, t in slow.items():
+            self.streak[copy] = self.streak.get(copy, 0) + 1
+            if self.streak[copy] >= self.steps and copy not in self.named:
                 self.named.add(copy)
                 self.found.append(Straggler(copy, step, t, median, self.streak[copy]))
 

@@ -6,7 +6,9 @@ copies). Per generation the copies build one kind of gloo group straight over th
 rendezvous store, outside torch's registry: `replica` (the ranks at the same position in
 every copy: gradient averaging, and the state a newcomer receives). Nothing per step spans
 all N ranks: the loss and the stop flag are summed inside each copy and cross copies
-through the copy leaders' commit messages (the coordinator answers with the totals).
+through the copy leaders' commit messages (the coordinator answers with the totals); with
+more copies than the commit tree's fan-in they are summed on the way up a tree of leaders
+(train/tree.py): each leader then also serves an Aggregator for its children.
 When a collective fails, the groups are dropped (references released and collected, so
 their sockets close and the other survivors fail fast instead of waiting for the timeout)
 and the copy's leader asks the coordinator what the next generation is.
@@ -29,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import rundir
-from orchestrator.train import wire
+from orchestrator.train import tree, wire
 
 
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
@@ -57,19 +59,77 @@ class Replicas:
         self.timeout_s, self.timeout = timeout_s, timedelta(seconds=timeout_s)
         self.gen, self.copies = -1, list(copies)
         self.replica = None
-        self.client = None
+        self.client = self.agg = self.server = None
+        self.parents: dict[str, wire.Client] = {}  # aggregator address -> our connection to it
+        self.up: wire.Client | None = None  # this generation's parent (None: the coordinator)
+        self.direct_gen = -1  # the generation the coordinator told us to report to it directly in
+        self.waiter = None
         if control and local_rank == 0:  # the copy's leader speaks for it
             self.client = wire.Client(control, wire.env_secret())
+            self.k = tree.fan_in(len(copies))
+            if self.k < len(copies):
+                self._serve_tree()
 
     @property
     def index(self) -> int:
         """This copy's place in the data order of the current generation."""
         return self.copies.index(self.copy)
 
+    def _serve_tree(self) -> None:
+        """This leader's aggregator (its children's commits come to it), announced to the coordinator."""
+        from orchestrator.train.control_server import ControlServer
+
+        key = wire.env_secret()
+        self.agg = tree.Aggregator(self.copy, self._to_parent, lambda body, cb: self.client.submit(body, cb))
+        self.server = ControlServer(self.agg, key, host=self.client.sock.getsockname()[0])
+        self.client.listen(self._pushed)
+        self.client.send({"op": "hi", "copy": self.copy, "gen": self.gen, "addr": self.server.address()})
+        self.key = key
+
+    def _pushed(self, msg: dict) -> None:
+        """The coordinator's `report` (a change began): this generation's commits go to it directly."""
+        if msg.get("op") == "report" and isinstance(msg.get("gen"), int):
+            self.direct_gen = max(self.direct_gen, msg["gen"])
+            waiter = self.waiter
+            if waiter is not None and msg["gen"] >= self.gen:
+                waiter(None)
+
+    def _to_parent(self, body: dict, callback) -> None:
+        (self.up or self.client).submit(body, callback)
+
+    def _find_parent(self) -> None:
+        """This generation's parent in the tree (asked once a generation; "" is the coordinator)."""
+        self.tree_gen = self.gen
+        try:
+            answer = self.client.request({"op": "tree", "copy": self.copy, "gen": self.gen, "step": 0}, self.timeout_s)
+        except (OSError, ConnectionError):
+            answer = {}
+        addr = answer.get("parent", "")
+        if answer.get("k", self.k) != self.k:  # a leader started with another count of copies
+            self.k = answer["k"]
+            self.agg.configure(self.gen, self.copies, self.k)
+        self.up = None
+        if addr:
+            if addr not in self.parents or self.parents[addr].closed:
+                try:
+                    self.parents[addr] = wire.Client(addr, self.key, connect_s=5.0)
+                except (OSError, ConnectionError, wire.Refused):
+                    return  # unreachable: this generation's commits go to the coordinator
+            self.up = self.parents[addr]
+
+    def tree_for(self, gen: int, copies: list[int]) -> None:
+        """Generation `gen` for the commit tree: this leader's children, its parent looked up at the
+        generation's first commit. The fan-in is the coordinator's (fixed at the job's start; the
+        `tree` answer carries it)."""
+        self.gen, self.copies = gen, list(copies)
+        if self.agg is not None:
+            self.agg.configure(gen, self.copies, self.k)
+            self.tree_gen = None
+
     def build(self, gen: int, copies: list[int]) -> None:
         """The groups of generation `gen` over `copies` (every member calls this)."""
         self.drop()
-        self.gen, self.copies = gen, list(copies)
+        self.tree_for(gen, copies)
         os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # pairs connect on first use: O(peers used) store reads
         rep = dist.PrefixStore(f"gen{gen}/replica{self.local}", self.store)
         self.replica = dist.ProcessGroupGloo(rep, self.index, len(self.copies), self.timeout)
@@ -107,7 +167,42 @@ class Replicas:
         body = {"op": "failed" if totals[3] > 0 else "commit", "step": step, "sums": totals[:3],
                 "busy": float(busy_s), "saving": bool(saving)}
         # The coordinator answers within its commit deadline plus the quorum window; past that it is gone.
-        return self.ask(body, timeout_s=4 * self.timeout_s + 60)
+        if self.agg is None or body["op"] == "failed" or self.direct_gen >= self.gen:
+            return self.ask(body, timeout_s=4 * self.timeout_s + 60)
+        box = [None]
+        if self.client is not None:
+            box[0] = self._up_the_tree({**body, "copy": self.copy, "gen": self.gen}, 4 * self.timeout_s + 60)
+        dist.broadcast_object_list(box, src=0)  # inside the copy's own world
+        return box[0]
+
+    def _up_the_tree(self, body: dict, timeout_s: float) -> dict:
+        """The leader's commit through its aggregator (or its parent's); the coordinator directly
+        when the tree cannot take it (a parent gone, `rehome`, the coordinator's push)."""
+        if getattr(self, "tree_gen", None) != self.gen:
+            self._find_parent()
+        done, box = threading.Event(), []
+
+        def settle(answer):
+            if not box:
+                box.append(answer)
+            done.set()
+        self.waiter = settle
+        try:
+            if self.direct_gen < self.gen:
+                if self.agg.kids:  # an aggregator takes its own copy's commit first
+                    self.agg.handle(body, settle)
+                else:
+                    self._to_parent(body, settle)
+                done.wait(timeout_s)
+        finally:
+            self.waiter = None
+        answer = box[0] if box else None
+        if answer is None or answer.get("op") in ("rehome", "report"):
+            try:
+                return self.client.request(body, timeout_s)
+            except (OSError, ConnectionError, wire.Refused) as e:
+                return {"op": "exit", "reason": f"the coordinator went away ({type(e).__name__}: {e})"}
+        return answer
 
     @staticmethod
     def copy_totals(sums: torch.Tensor, ok: bool) -> list[float]:
@@ -125,6 +220,10 @@ class Replicas:
             except OSError:
                 pass
             self.client.close()
+        if self.server is not None:
+            self.server.close()
+        for c in self.parents.values():
+            c.close()
 
     @staticmethod
     def all_reduce(pg, tensor: torch.Tensor) -> None:

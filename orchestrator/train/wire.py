@@ -19,6 +19,7 @@ import math
 import os
 import secrets
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -91,8 +92,12 @@ def finite(x) -> bool:
 
 
 class Client:
-    """One copy leader's connection to the coordinator (blocking; refused connects are retried
-    until `connect_s`; every request has a deadline unless told to wait without one)."""
+    """One copy leader's connection to the coordinator or to another leader's aggregator
+    (train/tree.py): blocking requests, refused connects retried until `connect_s`, every
+    request with a deadline unless told to wait without one. After `listen()` a reader thread
+    owns the socket: requests may then be sent from several threads (`submit` answers through
+    a callback, with None when the connection fails) and the server's pushes (sequence 0, this
+    connection's nonce) go to `on_push`."""
 
     def __init__(self, addr: str, key: bytes, connect_s: float = 120.0):
         host, port = addr.rsplit(":", 1)
@@ -111,9 +116,76 @@ class Client:
         self.nonce, _, hello = decode(key, self.rfile.readline(MAX_LINE + 1))
         if hello.get("op") != "hello":
             raise ConnectionError(f"the coordinator said {hello!r} instead of hello")
+        self.reader, self.on_push, self.closed = None, None, False
+        self.lock = threading.Lock()
+        self.slots: dict[int, object] = {}  # seq -> callback waiting for its reply
+
+    def listen(self, on_push=None) -> None:
+        """From now on a thread reads every line (replies by sequence number, pushes to on_push)."""
+        self.on_push = on_push
+        if self.reader is None:
+            self.sock.settimeout(None)  # the reader waits for the server; each request has its own deadline
+            self.reader = threading.Thread(target=self._read, name="control-client", daemon=True)
+            self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                line = self.rfile.readline(MAX_LINE + 1)
+            except TimeoutError:
+                continue
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                break
+            try:
+                nonce, seq, reply = decode(self.key, line)
+            except Refused:
+                continue  # not from the server: ignored
+            if nonce != self.nonce:
+                continue
+            if seq == 0:
+                if self.on_push is not None and reply.get("op") != "hello":
+                    self.on_push(reply)
+                continue
+            with self.lock:
+                callback = self.slots.pop(seq, None)
+            if callback is not None:
+                callback(reply)
+        with self.lock:
+            self.closed, waiting, self.slots = True, list(self.slots.values()), {}
+        for callback in waiting:
+            callback(None)
+
+    def submit(self, body: dict, callback) -> None:
+        """Send one message; `callback(reply)` from the reader thread (None: the connection failed)."""
+        self.listen(self.on_push)
+        with self.lock:
+            if self.closed:
+                ok = False
+            else:
+                self.seq += 1
+                self.slots[self.seq] = callback
+                line, ok = encode(self.key, body, self.nonce, self.seq), True
+            if ok:
+                try:
+                    self.sock.sendall(line)
+                except OSError:
+                    self.slots.pop(self.seq, None)
+                    ok = False
+        if not ok:
+            callback(None)
 
     def request(self, body: dict, timeout_s: float | None) -> dict:
         """Send one message; its reply (verified, for this nonce and sequence number)."""
+        if self.reader is not None:
+            done, box = threading.Event(), []
+            self.submit(body, lambda reply: (box.append(reply), done.set()))
+            if not done.wait(timeout_s):
+                raise TimeoutError(f"no answer within {timeout_s} s")
+            if box[0] is None:
+                raise ConnectionError("the connection closed")
+            return box[0]
         self.seq += 1
         self.sock.settimeout(timeout_s)
         self.sock.sendall(encode(self.key, body, self.nonce, self.seq))
@@ -129,12 +201,16 @@ class Client:
                 return reply
 
     def send(self, body: dict) -> None:
-        """A message that gets no answer (bye)."""
-        self.seq += 1
-        self.sock.sendall(encode(self.key, body, self.nonce, self.seq))
+        """A message that gets no answer (bye, hi)."""
+        with self.lock:
+            self.seq += 1
+            self.sock.sendall(encode(self.key, body, self.nonce, self.seq))
 
     def close(self) -> None:
         try:
+            if self.reader is not None:  # wake the reader (it holds the file's lock while it reads)
+                self.sock.shutdown(socket.SHUT_RDWR)
+                self.reader.join(timeout=5)
             self.rfile.close()
             self.sock.close()
         except OSError:

@@ -1,4 +1,4 @@
-"""The coordinator on a TCP port, and what a run with several copies needs beside its ranks.
+"""The coordinator (launch/control.py) or a leader's aggregator (train/tree.py) on a TCP port.
 
 One thread and a selector serve every connection (no thread per leader, no lock held on a
 socket): lines are read, checked (train/wire.py: signature, this connection's nonce, a
@@ -6,7 +6,9 @@ growing sequence number, the copy the connection speaks for), and handed to the
 Coordinator; replies are queued and written by the same loop. A connection that sends
 nothing valid within `auth_s`, or too many refused lines, is closed; a leader's connection
 that closes is its copy lost (Coordinator.closed). The listen backlog is large, so a
-burst of connects at 2,048 leaders is not refused.
+burst of connects at 2,048 leaders is not refused. `push(copy, body)` sends an unasked
+message to the connection that speaks for `copy` (sequence number 0, its nonce: the
+coordinator's `report` when a change begins).
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class ControlServer:
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
         self.lock = threading.Lock()  # guards the out buffers (replies may come from the supervisor's thread)
         self.conns: dict[int, _Conn] = {}
+        self.by_copy: dict[int, _Conn] = {}
+        if hasattr(coordinator, "push"):
+            coordinator.push = self.push
         self.dirty: set[int] = set()
         self._last: tuple = (None, b"")
         self.running = True
@@ -142,6 +147,12 @@ class ControlServer:
             conn.refused += 1
         elif conn.copy is None and isinstance(copy, int):
             conn.copy = copy  # this connection speaks for this copy from now on
+            self.by_copy[copy] = conn
+
+    def push(self, copy: int, body: dict) -> None:
+        conn = self.by_copy.get(copy)
+        if conn is not None:
+            self._reply(conn, 0, body)
 
     def _refuse(self, conn: _Conn, reason: str, close: bool = False) -> None:
         self.coordinator.drop(reason)
@@ -204,6 +215,8 @@ class ControlServer:
             pass
         conn.sock.close()
         if conn.copy is not None:
+            if self.by_copy.get(conn.copy) is conn:
+                del self.by_copy[conn.copy]
             self.coordinator.closed(conn.copy)
 
     def close(self) -> None:
