@@ -39,10 +39,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.launch import failover, progress  # noqa: E402
 from orchestrator.launch.control import Coordinator  # noqa: E402
 from orchestrator.launch.inplace import copy_size  # noqa: E402
 from orchestrator.launch.stragglers import Stragglers  # noqa: E402
-from orchestrator.launch.srun import SrunWorkers  # noqa: E402
+from orchestrator.launch.srun import SrunWorkers, node_fail_wait_s  # noqa: E402
 from orchestrator.train import tree, wire  # noqa: E402
 from orchestrator.train.tree import Aggregator  # noqa: E402
 
@@ -176,6 +177,9 @@ class CoordinatorOnServer:
     def lost(self, copies) -> None:
         self.sim.sup_lost(copies)
 
+    def take_stragglers(self) -> list:
+        return self.sim.coord.take_stragglers()
+
 
 class SimSrunWorkers(SrunWorkers):
     """SLURM's workers with the step and the job's services replaced by the simulation: `start`
@@ -203,6 +207,7 @@ class SimSrunWorkers(SrunWorkers):
                             sorted({(k * self.spec.hardware.gpus_per_node + g) // self.sim.size
                                     for g in range(self.spec.hardware.gpus_per_node)})
                             for k, n in enumerate(self.current)}
+        self.deadline = progress.deadline_s(self.sim.plan.to_json(), self.spec.failover)  # the hang deadline wait() watches
         self.proc = SimProc(self.sim)
         self.sim.begin(policy)
 
@@ -237,6 +242,8 @@ class Sim:
         self.detected: float | None = None
         self.first_after: float | None = None
         self.steps = steps or (20 if scenario == "flap" else 12 if self.R < 5000 else 8)  # failure at step 3
+        if scenario == "drain" and not steps:  # SLURM's wait gathers a settle window (launch/failover.settle_s) first
+            self.steps = max(self.steps, 4 + int(2 * failover.settle_s(node_fail_wait_s(self.plan.spec.launcher)) / self.step_s))
         self.slow: dict[int, float] = {}
         self.last_step = -1
         self.committed_before = 0
@@ -613,7 +620,7 @@ class Sim:
                "recovered": True, "recovery_s": None, "steps_lost": 0, "healthy_evicted": len(evicted),
                "generations": self.coord.current.gen, "left_waiting": waiting,
                "max_wait_s": round(self.max_wait, 3), "supervisor_exit": self.code,
-               "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1,
+               "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1, "steps": self.steps,
                "server_cpu_s": round(self.busy, 3)}
         if self.scenario == "supervisor":  # the coordinator dies with its node: requeue, restart (modelled)
             every = self.plan.blast_radius["checkpoint_interval_s"] or 0

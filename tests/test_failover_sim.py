@@ -29,7 +29,7 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
     assert r["recovered"] and r["supervisor_exit"] == 0, r
     assert r["healthy_evicted"] == 0 and r["left_waiting"] == 0 and r["steps_lost"] == 0, r
     assert r["dropped"] == 0, r  # the emulated leaders never sent anything out of protocol
-    assert r["steps_done"] == (20 if kind == "flap" else 12)  # every step of the run committed
+    assert r["steps_done"] == r["steps"] >= (20 if kind == "flap" else 12)  # every step of the run committed
     if kind == "straggler":  # slow, not failed: nobody dropped, no new generation
         assert r["generations"] == 0 and r["detected_s"] is None
     else:

@@ -258,9 +258,7 @@ class SrunWorkers(Workers):
         lost = [f.node for f in failures if f.kind != failover.DRAINED]
         self.lost += lost
         if not lost:
-            print(f"SLURM drained node(s) {self.drained}: they are left out of every later step "
-                  f"(not counted as failures)", flush=True)
-            return None
+            return self._drained(failures)
         if self.policy is None:  # one copy of the state: the step ends, the loop decides (restart or stop)
             self.stop()
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); one copy of the state",
@@ -276,6 +274,25 @@ class SrunWorkers(Workers):
                            drained=list(self.drained))
         self.policy.detected = self.policy.detected or time.time()
         self.services.coordinator.lost(copies)
+        return None
+
+    def _drained(self, failures: list) -> None:
+        """Nodes SLURM drained (maintenance): never counted as failures. Their copies are moved
+        off in place when the plan allows (dismissed; a warm spare takes over or the rest go on),
+        else they train on until this step ends and are left out of every later one."""
+        nodes = [f.node for f in failures]
+        if self.policy is not None:
+            current = set(self.services.coordinator.current.copies)
+            copies = sorted({c for n in nodes for c in self.node_copies[n]} & current)
+            why = failover.why_not_in_place(self.policy.plan) or self.policy.copies_alive_for(len(current - set(copies)))
+            if copies and not why:
+                print(f"SLURM drained node(s) {nodes}: copies {copies} move off them in place "
+                      f"(not counted as failures)", flush=True)
+                self.policy.detected = self.policy.detected or time.time()
+                self.services.coordinator.lost(copies)
+                return None
+        print(f"SLURM drained node(s) {nodes}: they are left out of every later step "
+              f"(not counted as failures)", flush=True)
         return None
 
     def signal(self, sig: int) -> None:
