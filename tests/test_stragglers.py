@@ -42,7 +42,8 @@ def test_the_coordinator_names_a_copy_slower_by_the_margin_for_the_set_steps_and
     assert coord.take_stragglers() == []
     _step(coord, 9, {**fast, 2: 0.6})
     (s,) = coord.take_stragglers()
-    assert (s.copy, s.step, s.steps) == (2, 9, 3) and s.ratio == pytest.approx(3.0)
+    # the median from the commit tree's busy histogram: known to within one bin (train/tree.BUSY_BIN)
+    assert (s.copy, s.step, s.steps) == (2, 9, 3) and s.ratio == pytest.approx(3.0, rel=0.05)
     for k in range(10, 14):  # named once
         _step(coord, k, {**fast, 2: 0.6})
     assert coord.take_stragglers() == []

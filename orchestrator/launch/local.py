@@ -259,7 +259,9 @@ class LocalWorkers(Workers):
                 cause = (self.hang[1] if hang else self.evicted.get(node)
                          or f"node {node} lost ({_describe(code)}, slot {slot})")
                 failures.append(failover.Failure(node, failover.HANG if hang else failover.NODE_LOST, cause))
-                on = [s for s in range(len(self.job.procs)) if self.job.node_of(s) == node]
+                # the node's ranks that died: a copy started there since (a node back, rejoining) is not hit
+                on = [s for s in range(len(self.job.procs))
+                      if self.job.node_of(s) == node and (s == slot or self.job.procs[s].poll() is not None)]
             copies |= {self.copy_of[s] for s in on}
         seen: set = set()  # one failure per lost node (its every slot exits)
         failures = [f for f in failures if f.kind == failover.CRASH or not (f.node in seen or seen.add(f.node))]

@@ -160,22 +160,6 @@ def _enum(x) -> str:
     return str(getattr(x, "value", x))
 
 
-def _frac(x, default: float) -> float:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return default
-    return min(max(x, 0.0), 1.0) if math.isfinite(x) else default
-
-
-def _pos(x, default: float, hi: float = 1e6) -> float:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return default
-    return min(max(x, 0.0), hi) if math.isfinite(x) else default
-
-
 def _stack(spec):
     return spec.stack if spec is not None else None
 
@@ -246,7 +230,7 @@ def _cp_traffic(kind: str, n: int, frac: float, c: int, tokens: float, t: int, k
 
 def activation_bytes(tr) -> float:
     """Bytes of an activation element on the wire: 2 in bf16 (and FP8 runs' bf16 parts), 4 in fp32."""
-    return 4.0 if getattr(tr.precision, "value", tr.precision) == "fp32" else 2.0
+    return 4.0 if tr.precision.value == "fp32" else 2.0
 
 
 def _time(calls: float, nbytes: float, tier: Tier) -> float:
@@ -258,7 +242,7 @@ def _grad_bytes(spec) -> float:
         return 2.0
     st = spec.stack
     g = st.grad_reduce_bytes if st.grad_reduce_bytes is not None else st.grad_bytes
-    return _pos(g, 2.0, 16.0) or 2.0
+    return g or 2.0  # validate.LIMITS bounds it (0 .. 16); 0: the default
 
 
 def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool, spec=None) -> dict[str, AxisReport]:
@@ -291,7 +275,7 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
         # HSDP: the shards' gradients are all-reduced across the copies of the state too
         nbytes += 2.0 * gb * weights / group * (copies - 1) / copies
         # ZeRO-3: two weight gathers (forward, backward) of zero3_gathers_per_layer calls each
-        gathers = 2.0 * _pos(spec.stack.zero3_gathers_per_layer, 1.0, 64.0) if spec is not None else 2.0
+        gathers = 2.0 * spec.stack.zero3_gathers_per_layer if spec is not None else 2.0
         rounds = (1.0 + gathers if d.zero == 3 else 2.0) if d.zero else 1.0
         calls = (rounds + (copies > 1)) * _dp_units(spec, d.zero, weights, group, units)
         out[name] = AxisReport(name, size, collective, calls if live else 0, nbytes if live else 0, hideable=True)
@@ -303,7 +287,7 @@ def _dp_units(spec, zero: int, weights: float, group: int, layers: int) -> float
     where the stack buckets (stack.dp_bucket_params: Megatron-Core's DDP uses buckets of
     max(40M, 1M x dp) parameters, megatron/core/distributed/distributed_data_parallel.py, so
     that calls stay few at scale; DeepSpeed's reduce_bucket_size is 5e8 elements)."""
-    bucket = _pos(getattr(_stack(spec), "dp_bucket_params", 0.0), 0.0, 1e12) if spec is not None else 0.0
+    bucket = spec.stack.dp_bucket_params if spec is not None else 0.0
     if bucket <= 0 or zero == 3:  # ZeRO-3 gathers each layer's weights when that layer runs
         return float(max(layers, 1))
     return float(max(1, math.ceil(weights / max(bucket, 1e6 * group))))
@@ -459,8 +443,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     m = d.microbatches
     traffic = [stage_traffic(st, d, mm, tr, hw, spec) for st in stages]
     nvlink = tiers_for(spec)[0]
-    tp_hide = _frac(stack.tp_overlap, 0.0)
-    ep_hide = _frac(stack.ep_overlap, 0.0)
+    tp_hide = stack.tp_overlap
+    ep_hide = stack.ep_overlap
     over = _oversubscribed(spec)
     cp_tier = replace(tiers["cp"], gbps=_stream_gbps(tiers["cp"], d, order, "cp", over))
     pp_tier = replace(tiers["pp"], gbps=_stream_gbps(tiers["pp"], d, order, "pp", over))
@@ -478,7 +462,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
                for n in ("dp", "edp")}
 
     bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
-    sm = min(_frac(getattr(stack, "ep_comm_sm_fraction", 0.0), 0.0), 0.9)
+    sm = stack.ep_comm_sm_fraction  # validate.LIMITS: 0 .. 0.9
 
     def run(compute: list[float]) -> _Pass:
         per = []
@@ -614,7 +598,7 @@ def _data_parallel(axes: dict[str, AxisReport], d: Layout, comp_mb: float, m: in
     secs = {a.name: a.bytes_per_step / (gbps[a.name][0] * 1e9) + a.calls_per_step * gbps[a.name][1] for a in live}
     stack = spec.stack
     window_kind = _enum(stack.dp_window)
-    overlap = _frac(stack.dp_overlap, 2.0 / 3.0)
+    overlap = stack.dp_overlap
     first_exposed = bool(stack.dp_first_gather_exposed)
     busy = sum(secs.values())
     if window_kind == "step":

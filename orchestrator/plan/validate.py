@@ -57,7 +57,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "cost.elementwise": (0.0, 100.0), "cost.attention_efficiency": (1e-3, 1.0),
     "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
     "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
-    "stack.ep_comm_sm_fraction": (0.0, 0.9), "stack.grad_reduce_bytes": (0.0, 16.0),
+    "stack.ep_comm_sm_fraction": (0.0, 0.9), "stack.grad_reduce_bytes": (0.0, 16.0), "stack.dp_bucket_params": (0.0, 1e12),
     "training.recompute_layers": (0, 4096), "training.mtp_depth": (0, 16),
     "model.moe.route_scale": (1e-6, 1e6), "model.moe.bias_update_speed": (0.0, 1.0),
     "model.moe.aux_loss_coef": (0.0, 100.0),

@@ -329,7 +329,7 @@ class Trainer:
         every = tr.checkpoint.every
         self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
         fault = _fault_hook(self.rank, self.spec.hardware.gpus_per_node)
-        log = Logger(self.run_dir, self.plan)
+        metrics = Logger(self.run_dir, self.plan)
         profiler = StepProfiler(self.run_dir, tr.steps, self.leader, self.lay)  # the last two steps, rank 0
         pending, step = None, start
         while step < tr.steps:
@@ -342,7 +342,7 @@ class Trainer:
                 continue  # re-formed: the new generation redoes this step
             dt = time.perf_counter() - t0
             world.beat(self.run_dir, step, "end", self.rank)
-            self._record(log, step, loss, dt, profiler.profiled(step))
+            self._record(metrics, step, loss, dt, profiler.profiled(step))
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
                 pending = self.save(step + 1, pending, fault if fault and step + 1 == fault.step else None)
@@ -363,7 +363,7 @@ class Trainer:
             pending.finish()
         if self.replicas is not None:
             self.replicas.finish()  # the leader's bye: its connection closing is not a loss
-        log.close()
+        metrics.close()
         self._finish(start)
         return self.history
 
