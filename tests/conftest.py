@@ -47,6 +47,15 @@ def samples_read(run_dir: Path) -> list[int]:
     return sorted(i for by in per_step.values() for i in by[max(by)])
 
 
+def failovers(run_dir: Path) -> list[dict]:
+    """The run's failover events (failover.json) without the stragglers it named: on a loaded
+    machine a copy can really be slower for a while; it is named and kept, which changes nothing
+    these tests check (tests/test_stragglers.py checks the naming)."""
+    import json
+
+    return [e for e in json.loads((run_dir / "failover.json").read_text()) if e.get("mode") != "straggler"]
+
+
 def alive(pid: int) -> bool:
     """A process that exists and is not a zombie."""
     try:
@@ -91,7 +100,7 @@ def sbatch_text(overrides: list[str], folder: Path) -> str:
     from orchestrator.config.compose import typed
     from orchestrator.launch.slurm import make_executor
 
-    ex = make_executor(typed(compose(overrides)), folder)
+    ex = make_executor(typed(compose(overrides)), folder, preview=True)
     text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit JOBS", "UID")
     return text.replace(str(folder), "JOBS")
 

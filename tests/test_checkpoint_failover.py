@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, losses_by_step, run_cli, samples_read
+from conftest import ROOT, failovers, losses_by_step, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16"]
@@ -91,7 +91,7 @@ def test_node_loss_during_a_save_reforms_dp_and_resumes_from_the_previous_checkp
             "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=4",
             "fault.mode=during_save")
     rd = tmp_path / "fo" / "run"
-    (event,) = json.loads((rd / "failover.json").read_text())
+    (event,) = failovers(rd)
     assert event["node"] == 1 and "SIGKILL" in event["cause"]
     assert event["old_layout"]["dp"] == 2 and event["new_layout"]["dp"] == 1 and event["new_layout"]["tp"] == 2
     assert event["resumed_from_step"] == 2 and event["steps_lost"] == event["failed_after_step"] - 2

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import losses_by_step, run_cli, samples_read
+from conftest import failovers, losses_by_step, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16", "layout.dp=4", "layout.dp_shard=2", "hardware.gpus_per_node=2",
@@ -19,8 +19,6 @@ def uninterrupted(tiny_losses):
     return tiny_losses
 
 
-def _events(run):
-    return json.loads((run / "failover.json").read_text())
 
 
 def _fuzz_the_coordinator(run, sent: list) -> None:
@@ -54,7 +52,7 @@ def test_a_lost_node_drops_its_copy_in_place_and_a_node_back_rejoins(tmp_path, u
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     control = json.loads((run / "status.json").read_text())["control"]  # every line dropped, and said
     assert sent and sent[0] > 0 and control["dropped_total"] > 0 and "dropped so far" in r.stdout
-    shrink, grow = _events(run)
+    shrink, grow = failovers(run)
     assert shrink["mode"] == "in_place" and shrink["steps_lost"] == 0 and shrink["copies_lost"] == [1]
     assert shrink["old_layout"]["dp"] == 4 and shrink["new_layout"]["dp"] == 2
     assert shrink["new_layout"]["microbatches"] == 2 * shrink["old_layout"]["microbatches"]  # global batch kept
@@ -75,7 +73,7 @@ def test_a_warm_spare_takes_the_lost_copy_and_dp_stays(tmp_path, uninterrupted):
                  "fault.at_step=3"], tmp_path, timeout=900)
     run = tmp_path / "run"
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (event,) = _events(run)
+    (event,) = failovers(run)
     assert event["mode"] == "spare" and event["copies_new"] == [2] and event["new_layout"]["dp"] == 4
     assert "received the state of copy 0" in r.stdout
     got = losses_by_step(run)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import losses_by_step, run_cli
+from conftest import failovers, losses_by_step, run_cli
 
 COMMON = ["hardware=cpu", "model=tiny_moe", "launcher=local", "figures=false", "training.adam_eps=0.01"]
 
@@ -171,7 +171,7 @@ def test_node_loss_keeps_ep_on_the_survivors(tmp_path, reference):
     run(tmp_path, "fo", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.ep=2", "training.steps=6",
         "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=3")
     rd = tmp_path / "fo" / "run"
-    (event,) = json.loads((rd / "failover.json").read_text())
+    (event,) = failovers(rd)
     assert event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
     assert event["new_layout"]["ep"] == 2
     losses = losses_by_step(rd)

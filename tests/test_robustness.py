@@ -1,7 +1,6 @@
 """Nothing breaks it: hostile values that would reach a shell, a batch script or a path;
 damaged checkpoints (reported as such, skipped, the previous intact one loaded); a resume
 that would change the data stream; signals and closed pipes."""
-import json
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, alive, losses_by_step, run_cli
+from conftest import ROOT, alive, failovers, losses_by_step, run_cli
 
 COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "training.global_batch=16"]
 
@@ -125,7 +124,7 @@ def test_damaged_checkpoints_are_named_skipped_and_the_previous_intact_one_loads
                  "training.steps=3", f"training.checkpoint.dir={ck}"], tmp_path / "resume", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Traceback" not in r.stdout + r.stderr and "FAILOVER" not in r.stdout
-    events = json.loads((tmp_path / "resume" / "run" / "failover.json").read_text())
+    events = failovers(tmp_path / "resume" / "run")
     assert [e["step"] for e in events if e["mode"] == "checkpoint_damaged"] == [9, 5, 4, 3, 2]
     assert all(e["mode"] == "checkpoint_damaged" for e in events)
     assert any("contents changed" in p for p in events[1]["problems"])

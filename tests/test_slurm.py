@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, golden, local_slurm, losses_by_step, run_cli, samples_read
+from conftest import ROOT, failovers, golden, local_slurm, losses_by_step, run_cli, samples_read
 
 SCRIPT = ROOT / "slurm" / "local-cluster.sh"
 COMMON = ["hardware=cpu", "model=tiny", "figures=false", "training.seq_len=64", "training.global_batch=16"]
@@ -123,7 +123,7 @@ def _detached_run_with_a_node_killed(tmp_path, *layout) -> Path:
 
 def test_a_detached_job_restarts_on_the_survivors_when_its_state_has_one_copy(cluster, tmp_path, reference):
     run = _detached_run_with_a_node_killed(tmp_path, "training.checkpoint.every=4")
-    (event,) = json.loads((run / "failover.json").read_text())
+    (event,) = failovers(run)
     assert event["mode"] == "restart" and event["node"] == "node2"
     assert event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
     assert event["nodes_in_service"] == ["node1"]
@@ -134,7 +134,7 @@ def test_a_detached_job_restarts_on_the_survivors_when_its_state_has_one_copy(cl
 
 def test_a_detached_job_goes_on_in_place_when_its_state_has_copies(cluster, tmp_path, reference):
     run = _detached_run_with_a_node_killed(tmp_path, "layout.dp_shard=2", "failover.quorum_s=5")
-    (event,) = json.loads((run / "failover.json").read_text())
+    (event,) = failovers(run)
     assert event["mode"] == "in_place" and event["steps_lost"] == 0 and event["new_layout"]["dp"] == 2
     assert event["recovery_s"] > 0
     got = losses_by_step(run)
@@ -157,7 +157,7 @@ def test_a_detached_job_names_a_hung_rank_with_its_stack_and_restarts_without_it
         state = json.loads((run / "status.json").read_text()).get("state")
         time.sleep(1)
     assert state == "completed", (run / "status.json").read_text()
-    (event,) = json.loads((run / "failover.json").read_text())
+    (event,) = failovers(run)
     assert event["mode"] == "restart" and "rank 3 (pid" in event["cause"] and "hung" in event["cause"]
     assert event["nodes_lost"] == [event["node"]] and event["nodes_in_service"] != [event["node"]]
     assert event["seconds"]["detection"] >= 10 and event["resumed_from_step"] == 4

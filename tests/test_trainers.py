@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, golden, losses_by_step, plan_of
+from conftest import ROOT, failovers, golden, losses_by_step, plan_of
 from megatron_ref import grids, rank_groups
 
 
@@ -289,7 +289,7 @@ def test_the_example_trains_under_trainer_command_through_a_node_loss(cli):
             "fault.kill_node=1", "fault.at_step=5", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = cli.dir
-    (event,) = json.loads((run / "failover.json").read_text())
+    (event,) = failovers(run)
     assert event["mode"] == "restart" and event["new_layout"]["dp"] == 2 and event["resumed_from_step"] == 4
     assert "built-in runtime" in event["why_not_in_place"]
     assert "resumed from step 4" in (run / "attempt1" / "logs" / "rank0.log").read_text()
