@@ -34,13 +34,15 @@ from orchestrator.launch.status import write_status
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) holding orchestrator/
 
 
-def make_executor(spec, folder: Path):
+def make_executor(spec, folder: Path, preview: bool = False):
     """The submitit executor of a run's job: the supervisor in the batch step, a node loss
-    not fatal to the allocation (--no-kill), requeue allowed."""
+    not fatal to the allocation (--no-kill), requeue allowed. `preview`: only its batch script
+    is wanted (launcher.submit=false), which needs no SLURM client on this machine."""
     import submitit
 
     lc, gpn = spec.launcher, spec.hardware.gpus_per_node
-    ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm", slurm_max_num_timeout=lc.max_requeues)
+    with _without_srun_check(preview):
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm", slurm_max_num_timeout=lc.max_requeues)
     params = dict(name=lc.job_name, nodes=spec.cluster.nodes, tasks_per_node=gpn, cpus_per_task=lc.cpus_per_task,
                   timeout_min=lc.time_min, slurm_signal_delay_s=lc.signal_delay_s, slurm_setup=list(lc.setup),
                   slurm_use_srun=False,
@@ -57,6 +59,24 @@ def make_executor(spec, folder: Path):
             params[key] = value
     ex.update_parameters(**params)
     return ex
+
+
+@contextmanager
+def _without_srun_check(preview: bool):
+    """submitit's SlurmExecutor refuses to be built where `srun` is not on PATH (its affinity
+    check), even to write a batch script; a preview (a laptop, CI without SLURM) writes only
+    that, so the check is lifted for the preview's construction and put back after it."""
+    from submitit.slurm.slurm import SlurmExecutor
+
+    if not preview or shutil.which("srun"):
+        yield
+        return
+    saved = SlurmExecutor.__dict__["affinity"]
+    SlurmExecutor.affinity = classmethod(lambda cls: 2)
+    try:
+        yield
+    finally:
+        SlurmExecutor.affinity = saved
 
 
 def batch_script(executor) -> str:
@@ -144,8 +164,8 @@ class SlurmLauncher(Launcher):
 
     def submit(self) -> int:
         lc = self.spec.launcher
-        folder = self.run_dir / "slurm"
-        ex = make_executor(self.spec, folder)
+        folder = self.run_dir / rundir.SLURM_DIR
+        ex = make_executor(self.spec, folder, preview=not lc.submit)
         if not lc.submit:
             return self._preview(ex, folder)
         code_dir = None
@@ -158,7 +178,7 @@ class SlurmLauncher(Launcher):
               f"tasks); the job supervises itself: node losses, preemption and time limits are handled in it.\n"
               f"run directory {self.run_dir}; follow with: orchestrate-runs logs -f {self.run_dir}", flush=True)
         if not lc.wait:
-            return 0
+            return rundir.EXIT_OK
         from orchestrator.launch.runs import follow
 
         return follow(self.run_dir)
@@ -173,4 +193,4 @@ class SlurmLauncher(Launcher):
         (folder / "preview.srun").write_text(srun + "\n")
         print(f"\nbatch script ({folder / 'preview.sbatch'}; nothing was submitted):\n{script}\n"
               f"training step, started by the supervisor inside the allocation ({folder / 'preview.srun'}):\n{srun}")
-        return 0
+        return rundir.EXIT_OK
