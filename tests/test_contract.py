@@ -187,3 +187,52 @@ def test_a_saves_file_list_is_files_json_and_older_saves_with_manifest_json_stil
     (d / "manifest.json").unlink()
     (problem,) = ckpt.verify(url, 3)
     assert "files.json or meta.json" in problem
+
+
+def test_the_runtime_reads_an_attempts_plan_through_one_typed_reader(cli):
+    """RunPlan (rundir/plan.py) is plan.json as the trainer, its meshes and its expert steps read
+    it: the same degrees, grids and predictions as the file, the config typed; fault settings
+    come from it too (the launcher's fault step is the rank's)."""
+    from orchestrator import rundir
+    from orchestrator.config.schema import Config
+    from orchestrator.launch import faults
+    from orchestrator.rundir.plan import RunPlan
+
+    r = cli("model=tiny_moe", "hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.tp=2",
+            "fault.kill_node=1", "fault.mode=random", "fault.seed=7", "training.steps=20", "figures=false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    raw = strict_load((cli.dir / rundir.PLAN_JSON).read_text())
+    plan = RunPlan.load(cli.dir)
+    assert plan == RunPlan.load(cli.dir / rundir.PLAN_JSON) == RunPlan.of(raw)
+    assert plan.path == cli.dir / rundir.PLAN_JSON and plan.data == raw
+    assert {k: plan.layout[k] for k in ("tp", "cp", "pp", "dp", "dp_shard", "ep")} == \
+        {k: raw["layout"][k] for k in ("tp", "cp", "pp", "dp", "dp_shard", "ep")}
+    assert plan.layout["tp"] == 2 and plan.world_size == raw["world_size"] == 8
+    assert plan.ranks == raw["ranks"] and plan.expert_ranks == raw["expert_ranks"] is not None
+    assert plan.grid(expert=True) == raw["expert_ranks"] and plan.mesh == raw["mesh"]
+    assert (plan.predicted_mfu, plan.predicted_tflops_per_gpu, plan.predicted_step_s) == \
+        (raw["mfu"], raw["tflops_per_gpu"], raw["step"]["wall_s"])
+    assert plan.axis("tp") == next(a for a in raw["axes"] if a["name"] == "tp") and plan.axis("nope") is None
+    assert isinstance(plan.config, Config) and plan.config.model.moe.experts == raw["config"]["model"]["moe"]["experts"]
+    assert plan.config.training.steps == 20 and plan.config_json == raw["config"]
+    assert plan.fault_step == faults.armed_step(plan.config) is not None and 1 <= plan.fault_step < 20
+    assert faults.env(plan.config, 0, plan.fault_step) == {}  # nothing about a fault travels by environment
+    # the run directory's names, read back from a path alone
+    a2 = rundir.attempt_dir(cli.dir, 2)
+    assert rundir.run_dir_of(a2) == cli.dir == rundir.run_dir_of(cli.dir)
+    assert rundir.attempt_of(a2) == 2 and rundir.attempt_of(cli.dir) == 0
+    assert rundir.run_dir_of(cli.dir / "attempt_x") == cli.dir / "attempt_x"
+    assert rundir.rank_log(a2, 3) == a2 / rundir.LOGS / "rank3.log"
+
+
+def test_the_runtimes_json_is_strict(tmp_path):
+    """A NaN loss or an infinite figure is written as null (metrics.jsonl, metrics.json,
+    profile.json, a plan.json rewritten with its placement), never as NaN or Infinity."""
+    from orchestrator import rundir
+
+    line = rundir.dumps({"step": 3, "loss": float("nan"), "step_time_s": 0.5}, indent=None)
+    assert "\n" not in line and strict_load(line) == {"step": 3, "loss": None, "step_time_s": 0.5}
+    assert line == json.dumps({"step": 3, "loss": None, "step_time_s": 0.5})  # the same text as json.dumps else
+    path = rundir.write_json(tmp_path / rundir.METRICS_JSON, {"loss": [1.0, float("nan")], "mtbf": float("inf")})
+    assert strict_load(path.read_text()) == {"loss": [1.0, None], "mtbf": None}
+    assert [p.name for p in tmp_path.iterdir()] == [rundir.METRICS_JSON]  # written whole, no temporary left

@@ -40,9 +40,9 @@ def for_attempt(spec, plan_dir: Path, nodes: list[str], need: int, say=print) ->
         return list(nodes[:need])
     pl = place(plan, list(nodes), topo)
     data["placement"] = pl.to_json()
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    rundir.write_json(path, data, indent=2)  # strict, and whole: a rank reading it never sees half
     text = placement_lines(pl) + [f"warning: {w}" for w in pl.warnings]
-    md = Path(plan_dir) / "plan.md"
+    md = Path(plan_dir) / rundir.PLAN_MD
     if md.exists():
         old = md.read_text()
         if START in old:

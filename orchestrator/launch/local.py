@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_LEFT
+from orchestrator.rundir import EXIT_LEFT, EXIT_OK
 from orchestrator.config.schema import FaultKind, FaultMode
 from orchestrator.launch import failover, faults, progress, stragglers
 from orchestrator.launch.base import Launcher
@@ -75,7 +75,6 @@ class LocalWorkers(Workers):
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         env = dict(env)
-        env.update(faults.env(self.spec, attempt, self.fault_step))
         self.attempt, self.killed_at, self.policy = attempt, None, policy
         progress.clear(self.run_dir)
         self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text()), self.spec.failover)
@@ -151,7 +150,7 @@ class LocalWorkers(Workers):
         except ProcessLookupError:
             pass
         time.sleep(1.0)
-        what = progress.verdict(late, name, node, now, self.deadline, f"logs/{name}.log")
+        what = progress.verdict(late, name, node, now, self.deadline, f"{rundir.LOGS}/{name}.log")
         self.hang = (node, what, now - late.time)
         self.say(f"HANG: {what}")
         self.job.kill_node(node)
@@ -208,7 +207,7 @@ class LocalWorkers(Workers):
                 if code > 0 and code not in CRASHES:  # the program stopped itself and said why
                     self.stop()
                     return Outcome(False, [], f"copy {copy} slot {slot} on node {node} {_describe(code)}; logs in "
-                                   f"{self.job.run_dir / 'logs'}")
+                                   f"{self.job.run_dir / rundir.LOGS}")
                 hit.append((slot, code))
                 self._seen(slot, code)  # what failed is known now; what to do, once the window closes
                 first = first or time.monotonic()
@@ -304,7 +303,7 @@ class LocalWorkers(Workers):
             return Outcome(False, [], f"rank {rank} (node {self.job.node_of(rank)}) {how}: {error}", detected,
                            crashed=True, error=error)
         if res.failed_node is None or not res.signalled:
-            return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / 'logs'}", detected)
+            return Outcome(False, [], res.cause + f"; logs in {self.job.run_dir / rundir.LOGS}", detected)
         if self.hang is not None:
             return Outcome(False, [self.current[self.hang[0]]], self.hang[1], self.hang[2])
         lost = [self.current[n] for n in res.failed_nodes]  # every node lost within the settle window
@@ -355,12 +354,12 @@ class LocalLauncher(Launcher):
         how = read_status(self.run_dir)
         if code:
             print(f"\n{how.get('state', 'failed').upper()}: {how.get('message', '')}; every rank was stopped. "
-                  f"Logs: {self.run_dir / 'logs'}", file=sys.stderr)
+                  f"Logs: {self.run_dir / rundir.LOGS}", file=sys.stderr)
             return code
         print(f"\nCOMPLETED: {how.get('message', '')}")
-        print(f"done: TensorBoard logs in {self.run_dir / 'tensorboard'}, metrics in "
-              f"{self.run_dir / 'metrics.json'}, plan and pictures in {self.run_dir}")
-        return 0
+        print(f"done: TensorBoard logs in {self.run_dir / rundir.TENSORBOARD}, metrics in "
+              f"{self.run_dir / rundir.METRICS_JSON}, plan and pictures in {self.run_dir}")
+        return EXIT_OK
 
 
 def _note_a_lost_supervisor(run_dir: Path, spec) -> None:

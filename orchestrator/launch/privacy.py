@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.config.errors import Problem
 
 
@@ -29,7 +30,7 @@ def other_owner(run_dir: Path, checkpoint_dir: str | None, allow: bool) -> list[
     if allow:
         return []
     out = []
-    ckpt = Path(run_dir) / "checkpoints" if not checkpoint_dir else Path(checkpoint_dir.removeprefix("file://"))
+    ckpt = Path(run_dir) / rundir.CHECKPOINTS if not checkpoint_dir else Path(checkpoint_dir.removeprefix("file://"))
     if checkpoint_dir and "://" in checkpoint_dir.removeprefix("file://"):
         ckpt = None  # an object store: its own access control applies
     for what, path in (("run directory", Path(run_dir)), ("checkpoint directory", ckpt)):

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator import rundir
 from orchestrator.plan.timeouts import DEADLINE_FACTOR, DEADLINE_FLOOR_S, detection_s  # noqa: F401
 
 
@@ -43,7 +44,7 @@ class Beat:
 def read(run_dir: Path, pids=None) -> dict[int, Beat]:
     """The last beat of every rank that wrote one (of `pids` only, when given), by pid; the
     ranks write them in the run directory, so a supervisor on another node reads them too."""
-    d = Path(run_dir) / "progress"
+    d = Path(run_dir) / rundir.PROGRESS
     out = {}
     for f in d.glob("*") if d.exists() else ():
         try:
@@ -80,7 +81,7 @@ def verdict(beat: Beat, who: str, node, now: float, deadline: float, log: str) -
 
 def clear(run_dir: Path) -> None:
     """Forget the beats of an attempt that ended (their pids are gone)."""
-    d = Path(run_dir) / "progress"
+    d = Path(run_dir) / rundir.PROGRESS
     for f in d.glob("*") if d.exists() else ():
         try:
             os.unlink(f)

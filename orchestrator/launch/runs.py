@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator import rundir
+from orchestrator.rundir import EXIT_FAILED, EXIT_OK
 from orchestrator.launch.status import read_status, write_status
 from orchestrator.rundir import checkpoints as ckpt
 
@@ -280,7 +281,7 @@ def _files(run_dir: Path) -> list[tuple[Path, str]]:
     if job:
         out.append((Path(job["folder"]) / f"{job['job_id']}_0_log.out", "[supervisor] "))
     plan_dir = Path(status.get("plan_dir", run_dir))
-    out.append((plan_dir / rundir.LOGS / "rank0.log", "[rank0] "))
+    out.append((rundir.rank_log(plan_dir, 0), "[rank0] "))
     return out
 
 
@@ -297,13 +298,13 @@ def follow(run_dir: Path, poll_s: float = 2.0, out=print) -> int:
                 for path, prefix in _files(run_dir):
                     tail(path, prefix, out)
                 out(final_line(run_dir), flush=True)
-                return 0 if now == "completed" else 1
+                return EXIT_OK if now == "completed" else EXIT_FAILED
             time.sleep(poll_s)
     except KeyboardInterrupt:
         job = last_job(run_dir)
         print("\ndetached: the run goes on" + (f" (SLURM job {job['job_id']})" if job else "") +
               f"; follow again with: orchestrate-runs logs -f {run_dir}", file=sys.stderr)
-        return 0
+        return EXIT_OK
 
 
 def wait_for(run_dir: Path, poll_s: float = 2.0) -> str:

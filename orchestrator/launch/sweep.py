@@ -104,7 +104,7 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
     if not valid[0][1].spec.launcher.submit:  # preview: each point's batch script and srun line
         for row, plan in valid:
             launcher_for(plan, Path(row["dir"])).submit()
-        return 0
+        return rundir.EXIT_OK
     groups: dict[str, list] = {}
     for row, plan in valid:
         key = json.dumps([plan.spec.cluster.nodes, plan.spec.hardware.gpus_per_node,
@@ -113,7 +113,7 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
     code_dir = snapshot(sweep_dir)[0] if valid[0][1].spec.launcher.snapshot else None
     jobs = []
     for g, items in enumerate(groups.values()):
-        folder = sweep_dir / "slurm" / f"group{g}"
+        folder = sweep_dir / rundir.SLURM_DIR / f"group{g}"
         ids = submit_jobs(make_executor(items[0][1].spec, folder), [(plan.spec, Path(row["dir"])) for row, plan in items],
                           folder, code_dir)  # one job array for the points that share resources
         for (row, _), job_id in zip(items, ids):
@@ -123,13 +123,13 @@ def _submit_slurm(valid, sweep_dir: Path, summary: dict) -> int:
     write_summary(sweep_dir, summary)
     if not valid[0][1].spec.launcher.wait:
         print(f"sweep summary: {sweep_dir / rundir.SWEEP_JSON}")
-        return 0
+        return rundir.EXIT_OK
     from orchestrator.launch.runs import wait_for
 
-    code = 0
+    code = rundir.EXIT_OK
     for row in jobs:
         row["state"] = wait_for(Path(row["dir"]))
-        code = code or (0 if row["state"] == "completed" else 1)
+        code = code or (rundir.EXIT_OK if row["state"] == "completed" else rundir.EXIT_FAILED)
         measure(row)
     write_summary(sweep_dir, summary)
     print_table(summary["points"])

@@ -18,6 +18,7 @@ import shlex
 import unicodedata
 from pathlib import Path
 
+from orchestrator.rundir import run_dir_of
 from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config, TrainerName
 import orchestrator.plan.megatron as megatron
@@ -98,12 +99,6 @@ def trainer_problems(spec: Config, layout: Layout) -> list[Problem]:
         problems.append(Problem("trainer.config_file", "is torchtitan's --job.config_file.",
                                 "unset it, or put the file in trainer.args."))
     return problems
-
-
-def run_dir_of(plan_dir: Path) -> Path:
-    """The run directory of a plan directory (RUN_DIR or RUN_DIR/attemptN)."""
-    plan_dir = Path(plan_dir)
-    return plan_dir.parent if plan_dir.name.startswith("attempt") else plan_dir
 
 
 def argv(plan_json: dict, plan_dir: Path) -> list[str]:

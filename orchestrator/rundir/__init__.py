@@ -4,7 +4,9 @@ sides read, the one rule for "the measured step", and how JSON is written (stric
 Infinity). Launchers, the runtime, the sweep and `orchestrate-runs` all use these names.
 Torch-free and free of the rest of orchestrator, so every layer may import it. Its modules:
 `checkpoints` (save folders, files.json, COMPLETE/DAMAGED, what a resume may change),
-`events` (failover.json and its TensorBoard copy), `metrics` (measured MFU, one row per attempt).
+`events` (failover.json and its TensorBoard copy), `metrics` (measured MFU, one row per attempt),
+`plan` (an attempt's plan.json as the runtime reads it, typed: the one module here that reads
+orchestrator.config, for its schema).
 
     RUN_DIR/                     attempt 0 is the run directory itself
       plan.json  plan.md  cluster.png  step_budget.png   what the planner wrote
@@ -13,7 +15,9 @@ Torch-free and free of the rest of orchestrator, so every layer may import it. I
       metrics.jsonl              every step of every attempt (rank 0); metrics.json: the last attempt
       failover.json              what every failover did
       logs/<name>.log  tensorboard/  samples/rank<N>.jsonl  checkpoints/step_NNNNNNNN/
-      slurm_jobs.jsonl           every SLURM job of the run
+      progress/<host>.<pid>      each live rank's last beat (the launchers' hang deadline)
+      slurm/  slurm_jobs.jsonl   submitit's folder; every SLURM job of the run
+      control.key                the job's control secret (0600)
       attempt<N>/                a re-planned attempt's plan.json (and its logs/)
 """
 from __future__ import annotations
@@ -33,8 +37,22 @@ PROFILE_JSON = "profile.json"  # one profiled step split into the predicted part
 FAILOVER_JSON, STATUS_JSON = "failover.json", "status.json"
 RUN_MANIFEST = "manifest.json"  # the run's: command, code, versions (a save's file list: checkpoints.FILES_JSON)
 SWEEP_JSON, SLURM_JOBS = "sweep.json", "slurm_jobs.jsonl"
+REQUEUES_JSON = "requeues.json"  # SLURM: how many times the job requeued itself (launch/srun.py)
 HYDRA_DIR, LOGS, TENSORBOARD, CHECKPOINTS, SAMPLES = ".hydra", "logs", "tensorboard", "checkpoints", "samples"
+PROGRESS = "progress"  # progress/<host>.<pid>: each rank's last beat (train/world.beat, launch/progress.py)
+SLURM_DIR = "slurm"  # submitit's folder (batch scripts, the supervisor's output); a sweep's: slurm/group<N>/
+CONTROL_KEY = "control.key"  # the job's control secret (train/wire.py), 0600
 ATTEMPT = "attempt"  # attempt<N>/
+
+
+def log_file(plan_dir: Path, name: str) -> Path:
+    """A process's log in an attempt's directory: logs/<name>.log."""
+    return Path(plan_dir) / LOGS / f"{name}.log"
+
+
+def rank_log(plan_dir: Path, rank: int) -> Path:
+    """A rank's log in an attempt's directory: logs/rank<N>.log."""
+    return log_file(plan_dir, f"rank{rank}")
 
 # ---- the environment a launcher gives every rank --------------------------------------------
 ENV_RUN_DIR = "ORCH_RUN_DIR"  # the run directory (outputs shared by every attempt); default: the plan's dir
@@ -43,10 +61,8 @@ ENV_STORE = "ORCH_STORE"  # host:port of the job's TCP store
 ENV_CONTROL = "ORCH_CONTROL"  # the coordinator's address (copies of the state, in-place failover)
 ENV_JOIN_COPY = "ORCH_JOIN_COPY"  # a warm spare or a returning node joins as this copy
 ENV_JOIN_NOW = "ORCH_JOIN_NOW"  # "1": join at once instead of at the next generation
-ENV_FAULT_MODE, ENV_FAULT_NODE, ENV_FAULT_STEP = "ORCH_FAULT_MODE", "ORCH_FAULT_NODE", "ORCH_FAULT_STEP"
 ENV_FORK_SERVER = "ORCH_FORK_SERVER"  # "0": one interpreter per rank instead of the fork server
-ENV_FAULT_RANK = "ORCH_FAULT_RANK"  # fault.kind=crash_rank|hang_rank: the global rank it hits
-ENV_FAULT_SLOW_S = "ORCH_FAULT_SLOW_S"  # fault.kind=slow_node: the extra seconds a step on ORCH_FAULT_NODE
+# (fault injection, fault.*, travels in plan.json: the rank reads it there, rundir/plan.py)
 ENV_JOB = "ORCH_JOB"  # the job's prefix for every key of the (unauthenticated) store
 ENV_CONTROL_KEY_FILE = "ORCH_CONTROL_KEY_FILE"  # the file holding the job's control secret (0600)
 ENV_HOSTS = "ORCH_HOSTS"  # SLURM: the host of each logical node, in the plan's order (placement)
@@ -102,6 +118,17 @@ def attempt_number(plan_dir: Path, run_dir: Path) -> int | None:
         return 0
     m = re.fullmatch(rf"{ATTEMPT}(\d+)", plan_dir.name)
     return int(m.group(1)) if m and plan_dir.parent.resolve() == Path(run_dir).resolve() else None
+
+
+def run_dir_of(plan_dir: Path) -> Path:
+    """The run directory of a plan directory: RUN_DIR itself, or RUN_DIR for RUN_DIR/attempt<N>."""
+    plan_dir = Path(plan_dir)
+    return plan_dir.parent if re.fullmatch(rf"{ATTEMPT}\d+", plan_dir.name) else plan_dir
+
+
+def attempt_of(plan_dir: Path) -> int:
+    """The attempt a plan directory holds, from its path alone: N for .../attempt<N>, else 0."""
+    return attempt_number(plan_dir, run_dir_of(plan_dir)) or 0
 
 
 def attempt_dirs(run_dir: Path) -> list[Path]:

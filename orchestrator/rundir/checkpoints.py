@@ -27,6 +27,8 @@ import hashlib
 import json
 import re
 
+from orchestrator import rundir
+
 STEP_DIR = re.compile(r"step_(\d{8})$")
 MARKER = "COMPLETE"
 DAMAGED = "DAMAGED"
@@ -44,7 +46,7 @@ def fs_of(url: str):
 
 def url_for(setting: str | None, run_dir) -> str:
     """`training.checkpoint.dir`, or RUN_DIR/checkpoints when it is unset."""
-    return setting or str(run_dir) + "/checkpoints"
+    return setting or f"{run_dir}/{rundir.CHECKPOINTS}"
 
 
 def step_dir(url: str, step: int) -> str:

@@ -13,12 +13,16 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from orchestrator.plan.axes import MESH_DIMS
 from orchestrator.plan.topology import RankGrid
+from orchestrator.rundir.plan import RunPlan
 
 DENSE_DIMS = MESH_DIMS["dense"]
 
 
-def grid_from_json(plan_json: dict, key: str = "ranks") -> RankGrid:
-    ranks = plan_json[key]
+def grid_from_json(plan: RunPlan | dict, key: str = "ranks") -> RankGrid:
+    """The plan's dense rank grid ("ranks") or its expert grid ("expert_ranks")."""
+    if key not in ("ranks", "expert_ranks"):
+        raise KeyError(key)
+    ranks = RunPlan.of(plan).grid(expert=key == "expert_ranks")
     return RankGrid(ranks["sizes"], ranks["order"])
 
 
@@ -48,11 +52,11 @@ def mesh_from_grid(grid: RankGrid, device_type: str = "cpu", dims=DENSE_DIMS, dp
     return DeviceMesh(device_type, mesh, mesh_dim_names=tuple(dims))
 
 
-def meshes_from_plan(plan_json: dict, device_type: str) -> dict[str, DeviceMesh]:
+def meshes_from_plan(plan: RunPlan | dict, device_type: str) -> dict[str, DeviceMesh]:
     """The dense mesh, and the expert mesh when the model has experts (their EP and edp groups)."""
-    out = {"dense": mesh_from_grid(grid_from_json(plan_json, "ranks"), device_type, plan_json["mesh"]["dense"],
-                                   plan_json["layout"]["dp_shard"])}
-    if plan_json["config"]["model"]["moe"]["experts"]:
-        out["expert"] = mesh_from_grid(grid_from_json(plan_json, "expert_ranks"), device_type,
-                                       plan_json["mesh"]["expert"])
+    plan = RunPlan.of(plan)
+    out = {"dense": mesh_from_grid(grid_from_json(plan, "ranks"), device_type, plan.mesh["dense"],
+                                   plan.layout["dp_shard"])}
+    if plan.config.model.moe.experts:
+        out["expert"] = mesh_from_grid(grid_from_json(plan, "expert_ranks"), device_type, plan.mesh["expert"])
     return out

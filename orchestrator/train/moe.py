@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from orchestrator.rundir.plan import RunPlan
 from orchestrator.train.mlp import Activation, FeedForward, mlp_kind
 
 
@@ -292,12 +293,12 @@ class ExpertSteps:
     it; FSDP then averages it over edp (or nothing reduces it when edp = 1). Over the job that
     is the sum over all data ranks / edp, so it is scaled by edp / (dp x cp)."""
 
-    def __init__(self, parts, plan: dict):
+    def __init__(self, parts, plan: RunPlan):
         from torch.distributed.fsdp import FSDPModule
 
-        m, lay = plan["config"]["model"], plan["layout"]
+        m, lay = plan.config.model, plan.layout
         self.mods = moe_layers(parts)
-        self.layers, self.experts, self.speed = m["layers"], m["moe"]["experts"], m["moe"]["bias_update_speed"]
+        self.layers, self.experts, self.speed = m.layers, m.moe.experts, m.moe.bias_update_speed
         self.params = [(p, (lay["edp"] if isinstance(moe.experts, FSDPModule) else 1) / (lay["dp"] * lay["cp"]))
                        for _, moe in self.mods for p in moe.experts.parameters()]
 

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
+from orchestrator.rundir.plan import RunPlan
 from orchestrator.train.model import Transformer
 from orchestrator.train.moe import MoE, moe_layers
 
@@ -159,10 +160,10 @@ def _expert_params(model) -> set | None:
     return out or None
 
 
-def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: int, device: torch.device,
+def build_model_parts(plan: RunPlan, model_cfg, meshes: dict, coords: dict, seed: int, device: torch.device,
                       mp: MixedPrecisionPolicy | None, recompute: str = "none", recompute_layers: int | None = None):
     """The model chunks (virtual pipeline stages) this rank runs, parallelised: [(stage id, module)]."""
-    lay, mesh = plan["layout"], meshes["dense"]
+    lay, mesh = plan.layout, meshes["dense"]
     torch.manual_seed(seed)  # every rank builds the same full model, then keeps its share
     full = Transformer(model_cfg)
     if lay["pp"] == 1:
@@ -172,7 +173,7 @@ def build_model_parts(plan: dict, model_cfg, meshes: dict, coords: dict, seed: i
         parts = [(v["stage"], copy.deepcopy(full).keep_only(*v["layers"], first=v["first"], last=v["last"]))
                  for v in mine]
         del full
-    fsdp = _flat(mesh, tuple(plan["mesh"]["fsdp"]))
+    fsdp = _flat(mesh, tuple(plan.mesh["fsdp"]))
     expert = meshes.get("expert")
     edp = expert["edp"] if expert is not None and expert["edp"].size() > 1 else None
     for _, part in parts:

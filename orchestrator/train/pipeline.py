@@ -11,6 +11,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as S
 
 from orchestrator.config.schedules import SCHEDULES
+from orchestrator.rundir.plan import RunPlan
 from orchestrator.train.moe import TRAFFIC
 
 
@@ -27,9 +28,9 @@ class _Stage(PipelineStage):
             return super()._backward_metadata_inference(*args, **kwargs)
 
 
-def build_schedule(plan: dict, parts, mesh, device: torch.device, loss_fn):
+def build_schedule(plan: RunPlan, parts, mesh, device: torch.device, loss_fn):
     """The plan's pipelining schedule over this rank's chunks (torch's class, by registry name)."""
-    lay = plan["layout"]
+    lay = plan.layout
     stages = [_Stage(part, i, lay["num_stages"], device, group=mesh["pp"].get_group()) for i, part in parts]
     cls = getattr(S, SCHEDULES[lay["schedule"]].torch_class)
     first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]

@@ -20,7 +20,6 @@ PROFILE_MIN_STEPS steps are not profiled.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 PROFILE_MIN_STEPS = 5
@@ -105,6 +104,6 @@ class StepProfiler:
 
             got = summarize(self.prof.events(), self.lay)
             if got:
-                (self.run_dir / rundir.PROFILE_JSON).write_text(json.dumps(dict(got, step=step), indent=1))
+                (self.run_dir / rundir.PROFILE_JSON).write_text(rundir.dumps(dict(got, step=step), indent=1))
             self.prof = None
         return out

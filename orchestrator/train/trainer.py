@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import logging
 import os
 import resource
@@ -27,11 +26,11 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_FAILED, EXIT_LEFT, EXIT_NO_CHECKPOINT, RankExit
-from orchestrator.config.compose import typed
-from orchestrator.config.schema import Device, Precision
+from orchestrator.config.schema import Device, FaultKind, FaultMode, Precision
 from orchestrator.rundir import checkpoints as saves
 from orchestrator.rundir import events
 from orchestrator.rundir.metrics import measured_mfu
+from orchestrator.rundir.plan import RunPlan
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train.data import TokenSource, share
 from orchestrator.train.logger import Logger
@@ -63,16 +62,18 @@ def _scalar(x) -> float:
 class Trainer:
     def __init__(self, plan_dir: Path, should_stop=None):
         self.plan_dir = Path(plan_dir)
-        self.plan = json.loads((self.plan_dir / rundir.PLAN_JSON).read_text())
-        self.spec = typed(self.plan["config"])
-        self.lay = self.plan["layout"]
+        self.plan = RunPlan.load(self.plan_dir)
+        self.spec = self.plan.config
+        self.lay = self.plan.layout
         self.run_dir = Path(os.environ.get(rundir.ENV_RUN_DIR, self.plan_dir))
         self.attempt = int(os.environ.get(rundir.ENV_ATTEMPT, "0"))
+        self.launched_attempt = self.attempt  # the attempt this process was started in (fault injection)
+        self.fault_step = self.plan.fault_step
         self.should_stop = should_stop
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.joining = rundir.ENV_JOIN_COPY in os.environ  # a warm spare, or a node coming back
-        if self.world != self.plan["world_size"] and not self.joining:
-            raise RankExit(EXIT_FAILED, f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan['world_size']} "
+        if self.world != self.plan.world_size and not self.joining:
+            raise RankExit(EXIT_FAILED, f"the job has WORLD_SIZE {self.world} but the plan needs {self.plan.world_size} "
                            f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
@@ -132,7 +133,7 @@ class Trainer:
             self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
                                               lambda out, y: loss_fn(out, y) * self._weight * self.lay["microbatches"])
         if self.replicas is None:
-            self.dp_rank = self.coords[self.plan["mesh"]["data"]]
+            self.dp_rank = self.coords[self.plan.mesh["data"]]
         else:
             self.dp_rank = self.replicas.index * self.lay["dp_shard"] + self.coords["dps"]
             self.rank = world_rank(self.plan, self.replicas.index, self.coords)
@@ -170,7 +171,7 @@ class Trainer:
         """One optimizer step over this rank's share of the global batch; the mean loss, or None
         when the copies re-formed instead (the step is then redone by the new generation)."""
         t0 = time.perf_counter()
-        _slow_if_injected(step)
+        self._slow_if_injected(step)
         local = self._forward_backward(step)
         if self.replicas is not None:  # this copy's own work (its straggler measure, launch/stragglers.py)
             return self._commit_across_copies(step, local, time.perf_counter() - t0)
@@ -212,8 +213,8 @@ class Trainer:
         labels = cp_shard(labels, cp, self.coords["cp"])
         if self.records:
             with open(self.run_dir / rundir.SAMPLES / f"rank{self.rank}.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
-                                    "indices": idx}) + "\n")
+                f.write(rundir.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
+                                      "indices": idx}, indent=None) + "\n")
         local = None
         with loss_parallel() if self.lay["tp"] > 1 else contextlib.nullcontext():
             if self.schedule is not None:
@@ -269,8 +270,8 @@ class Trainer:
             log.info(f"copy {self.place.copy} leaves the run: {answer.get('reason', '')}")
             raise RankExit(EXIT_LEFT)
         self.plan_dir = Path(answer["plan_dir"])
-        self.plan = json.loads((self.plan_dir / rundir.PLAN_JSON).read_text())
-        self.lay = self.plan["layout"]
+        self.plan = RunPlan.load(self.plan_dir)
+        self.lay = self.plan.layout
         self.attempt = rundir.attempt_number(self.plan_dir, self.run_dir) or 0
         self.replicas.build(answer["gen"], answer["copies"])
         self._layout_shaped()
@@ -328,12 +329,12 @@ class Trainer:
                 self.replicas.build(0, self.replicas.copies)
         every = tr.checkpoint.every
         self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
-        fault = _fault_hook(self.rank, self.spec.hardware.gpus_per_node)
+        fault = self._fault_hook()
         metrics = Logger(self.run_dir, self.plan)
         profiler = StepProfiler(self.run_dir, tr.steps, self.leader, self.lay)  # the last two steps, rank 0
         pending, step = None, start
         while step < tr.steps:
-            _fault_if_injected(self.rank, step, self.attempt)
+            self._fault_if_injected(step)
             world.beat(self.run_dir, step, "begin", self.rank)
             t0 = time.perf_counter()
             self._saving = pending is not None  # an asynchronous save in flight shares this copy's step
@@ -372,6 +373,36 @@ class Trainer:
         self.reform(answer)
         return answer["step"]
 
+    # ---- fault injection (fault.*, from this process's plan; the launcher kills nodes itself) --
+    def _fault_hook(self):
+        """fault.mode=during_save with a node killed (the first attempt): on every rank of that
+        node, the hook that kills it in the middle of the save after the fault's step."""
+        f = self.spec.fault
+        if (self.launched_attempt != 0 or self.fault_step is None or f.kind != FaultKind.kill_node
+                or f.mode != FaultMode.during_save):
+            return None
+        if self.rank // self.spec.hardware.gpus_per_node != int(f.nodes()[0]):
+            return None
+        return _Fault(self.fault_step)
+
+    def _slow_if_injected(self, step: int) -> None:
+        """fault.kind=slow_node: every rank of the slow node spends fault.slow_s more on each step
+        from the fault's step on, whatever the attempt (the node stays slow). The node is the
+        physical one the launcher put this process on (GROUP_RANK): a spare is not slow."""
+        f = self.spec.fault
+        if (f.kind == FaultKind.slow_node and self.fault_step is not None and step >= self.fault_step
+                and os.environ.get("GROUP_RANK") == str(f.nodes()[0])):
+            time.sleep(float(f.slow_s))
+
+    def _fault_if_injected(self, step: int) -> None:
+        """fault.kind=crash_rank | hang_rank, the first attempt only (what runs after the recovery
+        is healthy): global rank fault.rank fails as a GPU fault would, or stops making progress
+        (its peers then block in the step's first collective); its node stays up."""
+        f = self.spec.fault
+        if (f.kind in (FaultKind.crash_rank, FaultKind.hang_rank) and self.launched_attempt == 0
+                and self.attempt == 0 and f.rank == self.rank and self.fault_step == step):
+            _fail_rank(f.kind, self.rank, step)
+
     # ---- helpers --------------------------------------------------------------------------
     def _stop_requested(self, step: int) -> bool:
         if self.should_stop is None or step + 1 >= self.spec.training.steps:
@@ -389,12 +420,12 @@ class Trainer:
         moe = self._expert_scalars()
         self.history["loss"].append(loss)
         self.history["step_time_s"].append(dt)
-        mfu = measured_mfu(plan, dt)
+        mfu = measured_mfu(plan.data, dt)
         log.step(step, tr.steps, {
             "loss/train": loss, "time/step_s": dt, "throughput/tokens_per_s": tr.global_batch * tr.seq_len / dt,
             "perf/tflops_per_gpu": mfu * self.spec.hardware.peak_tflops,
-            "perf/tflops_per_gpu_predicted": plan["tflops_per_gpu"], "perf/mfu": mfu,
-            "perf/mfu_predicted": plan["mfu"], "time/step_s_predicted": plan["step"]["wall_s"],
+            "perf/tflops_per_gpu_predicted": plan.predicted_tflops_per_gpu, "perf/mfu": mfu,
+            "perf/mfu_predicted": plan.predicted_mfu, "time/step_s_predicted": plan.predicted_step_s,
             "memory/max_rss_mb": max(float(x) for x in rss),
             # per rank (peak host RSS on CPU, peak allocated device memory on GPU), the first 64 ranks
             **{f"memory/rank{r}_mb": float(x) for r, x in enumerate(rss[:64])},
@@ -402,9 +433,9 @@ class Trainer:
         }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps, enabled=self.leader)
         if self.leader:
             with open(self.run_dir / rundir.METRICS_JSONL, "a") as f:
-                f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
-                                    "dp": self.lay["dp"], "time": time.time(),
-                                    **({rundir.PROFILED: True} if profiled else {})}) + "\n")
+                f.write(rundir.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
+                                      "dp": self.lay["dp"], "time": time.time(),
+                                      **({rundir.PROFILED: True} if profiled else {})}, indent=None) + "\n")
 
     def _expert_scalars(self) -> dict:
         """Load balance and all-to-all traffic of the step (collective: every rank's bytes)."""
@@ -415,7 +446,7 @@ class Trainer:
         self.history.setdefault("ep_bytes_per_rank", []).append([float(x[0]) for x in ranks])
         out = {"comm/ep_all_to_all_bytes_max": max(float(x[0]) for x in ranks),
                "time/ep_all_to_all_s_max": max(float(x[1]) for x in ranks)}
-        ep = next((a for a in self.plan.get("axes", []) if a["name"] == "ep"), None)
+        ep = self.plan.axis("ep")
         if ep is not None:
             out["comm/ep_all_to_all_bytes_predicted"] = ep["bytes_per_step"]
         load = st["load"]
@@ -430,17 +461,17 @@ class Trainer:
 
     def _meta(self, next_step: int) -> dict:
         """What a checkpoint records besides tensors: data position, RNG state, shape, batch and plan."""
-        tr = self.plan["config"]["training"]
+        tr = self.spec.training
         rng = base64.b64encode(torch.random.get_rng_state().numpy().tobytes()).decode()
-        return {"step": next_step, "rng_state": rng, "samples_consumed": next_step * tr["global_batch"],
-                "model": self.plan["config"]["model"],
-                "training": {k: tr[k] for k in ("global_batch", "seq_len", "seed")},
+        return {"step": next_step, "rng_state": rng, "samples_consumed": next_step * tr.global_batch,
+                "model": self.plan.config_json["model"],  # as plan.json holds it
+                "training": {k: getattr(tr, k) for k in ("global_batch", "seq_len", "seed")},
                 "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule", "label")},
-                "plan": self.plan}
+                "plan": self.plan.data}
 
     def _finish(self, start: int) -> None:
         if self.leader:
-            (self.run_dir / rundir.METRICS_JSON).write_text(json.dumps({
+            (self.run_dir / rundir.METRICS_JSON).write_text(rundir.dumps({
                 "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
                 **({"ep_bytes_per_rank": self.history["ep_bytes_per_rank"]} if "ep_bytes_per_rank" in self.history
                    else {}),
@@ -466,33 +497,10 @@ class _Fault:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fault_hook(rank: int, gpus_per_node: int):
-    if os.environ.get(rundir.ENV_FAULT_MODE) != "during_save":
-        return None
-    if rank // gpus_per_node != int(os.environ[rundir.ENV_FAULT_NODE]):
-        return None
-    return _Fault(int(os.environ[rundir.ENV_FAULT_STEP]))
-
-
-def _slow_if_injected(step: int) -> None:
-    """Fault injection (fault.kind=slow_node): every rank of the slow node spends ORCH_FAULT_SLOW_S
-    more on each step from ORCH_FAULT_STEP on, whatever the attempt (the node stays slow). The
-    node is the physical one the launcher put this process on (GROUP_RANK): a spare is not slow."""
-    if (os.environ.get(rundir.ENV_FAULT_MODE) == "slow_node" and step >= int(os.environ[rundir.ENV_FAULT_STEP])
-            and os.environ.get("GROUP_RANK") == os.environ[rundir.ENV_FAULT_NODE]):
-        time.sleep(float(os.environ[rundir.ENV_FAULT_SLOW_S]))
-
-
-def _fault_if_injected(rank: int, step: int, attempt: int) -> None:
-    """Fault injection (fault.kind=crash_rank | hang_rank), the first attempt only (what runs
-    after the recovery is healthy): this rank fails as a GPU fault would, or stops making
-    progress (its peers then block in the step's first collective); its node stays up."""
-    kind = os.environ.get(rundir.ENV_FAULT_MODE)
-    if (kind not in ("crash_rank", "hang_rank") or attempt != 0 or int(os.environ[rundir.ENV_FAULT_RANK]) != rank
-            or int(os.environ[rundir.ENV_FAULT_STEP]) != step):
-        return
-    log.warning(f"fault injection: rank {rank} {'crashes' if kind == 'crash_rank' else 'hangs'} before step {step + 1}")
-    if kind == "crash_rank":
+def _fail_rank(kind: FaultKind, rank: int, step: int) -> None:
+    log.warning(f"fault injection: rank {rank} {'crashes' if kind == FaultKind.crash_rank else 'hangs'} before "
+                f"step {step + 1}")
+    if kind == FaultKind.crash_rank:
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected: fault.kind=crash_rank)")
     while True:
         time.sleep(3600)

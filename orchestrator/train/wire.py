@@ -26,7 +26,7 @@ from pathlib import Path
 from orchestrator import rundir
 
 KEY_ENV = rundir.ENV_CONTROL_KEY_FILE
-SECRET_NAME = "control.key"
+SECRET_NAME = rundir.CONTROL_KEY
 MAX_LINE = 64 * 1024  # longer lines are refused (and the connection closed)
 
 

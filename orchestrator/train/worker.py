@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_LEFT, EXIT_STOPPED, RankExit
+from orchestrator.rundir import EXIT_LEFT, EXIT_OK, EXIT_STOPPED, RankExit
 from orchestrator.train.trainer import Trainer
 
 log = logging.getLogger("orchestrator.train.worker")  # not __name__: "__main__" under python -m
@@ -84,7 +84,7 @@ def main() -> None:
             log.error(e.message)
         sys.exit(e.status)
     world.forget_beat()
-    sys.exit(EXIT_STOPPED if history.get("stopped") else 0)
+    sys.exit(EXIT_STOPPED if history.get("stopped") else EXIT_OK)
 
 
 if __name__ == "__main__":

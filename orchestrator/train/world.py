@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from orchestrator import rundir
+from orchestrator.rundir.plan import RunPlan
 from orchestrator.train.mesh import grid_from_json, meshes_from_plan
 
 COPY_DIMS = ("pp", "dps", "cp", "tp")
@@ -33,40 +34,41 @@ class Place:
     coords: dict  # pp, dps, cp, tp (and the plan's dp, tp, ... when it has a global rank)
 
 
-def copy_shape(lay: dict) -> tuple[int, ...]:
+def copy_shape(lay) -> tuple[int, ...]:
+    """A copy's mesh shape (pp, dps, cp, tp) from the plan's layout section."""
     return (lay["pp"], lay["dp_shard"], lay["cp"], lay["tp"])
 
 
-def place_of(plan: dict, rank: int) -> Place:
+def place_of(plan: RunPlan, rank: int) -> Place:
     """A rank of the plan: its copy and its rank inside the copy (mixed radix over pp, dps, cp, tp)."""
-    lay = plan["layout"]
+    lay = plan.layout
     c = grid_from_json(plan).coords(rank)
     c["dps"] = c["dp"] % lay["dp_shard"]
     local = int(np.ravel_multi_index([c["pp"], c["dps"], c["cp"], c["tp"]], copy_shape(lay)))
     return Place(c["dp"] // lay["dp_shard"], local, c)
 
 
-def spare_place(plan: dict, copy: int, local: int) -> Place:
+def spare_place(plan: RunPlan, copy: int, local: int) -> Place:
     """A spare copy's rank: its position inside a copy; its data place comes with admission."""
-    pp, dps, cp, tp = (int(x) for x in np.unravel_index(local, copy_shape(plan["layout"])))
+    pp, dps, cp, tp = (int(x) for x in np.unravel_index(local, copy_shape(plan.layout)))
     return Place(copy, local, {"pp": pp, "dps": dps, "cp": cp, "tp": tp, "ep": 0})
 
 
-def copies_of(plan: dict) -> int:
-    return plan["layout"]["dp_replicate"]
+def copies_of(plan: RunPlan) -> int:
+    return plan.layout["dp_replicate"]
 
 
-def init(plan: dict, backend: str, device_type: str, place: Place | None, store) -> dict[str, DeviceMesh]:
+def init(plan: RunPlan, backend: str, device_type: str, place: Place | None, store) -> dict[str, DeviceMesh]:
     """Initialise the torch world and build the meshes: the plan's, or the copy's own."""
     backend = backend_for(backend, device_type)
     if store is None:
         if not dist.is_initialized():
             dist.init_process_group(backend)
         return meshes_from_plan(plan, device_type)
-    size = int(np.prod(copy_shape(plan["layout"])))
+    size = int(np.prod(copy_shape(plan.layout)))
     dist.init_process_group(backend, store=dist.PrefixStore(f"copy{place.copy}", store), rank=place.local,
                             world_size=size)
-    mesh = torch.arange(size).reshape(copy_shape(plan["layout"]))
+    mesh = torch.arange(size).reshape(copy_shape(plan.layout))
     return {"dense": DeviceMesh(device_type, mesh, mesh_dim_names=COPY_DIMS)}
 
 
@@ -104,9 +106,9 @@ def env_store():
     return connect_store(addr)
 
 
-def world_rank(plan: dict, index: int, coords: dict) -> int:
+def world_rank(plan: RunPlan, index: int, coords: dict) -> int:
     """The global rank (in `plan`) of the rank at `coords` in the copy at data index `index`."""
-    dps = plan["layout"]["dp_shard"]
+    dps = plan.layout["dp_shard"]
     return grid_from_json(plan).rank({"pp": coords["pp"], "dp": index * dps + coords["dps"], "cp": coords["cp"],
                                       "tp": coords["tp"], "ep": 0})
 
@@ -119,7 +121,7 @@ def beat(run_dir: Path, step: int, phase: str, rank: int = -1) -> None:
     the shared run directory, named by host and pid (pids repeat across hosts), holding the
     step, phase, time, pid, global rank, host and SLURM task (its log: rank%t.log)."""
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    d = Path(run_dir) / "progress"
+    d = Path(run_dir) / rundir.PROGRESS
     d.mkdir(exist_ok=True)
     path = d / f"{host}.{os.getpid()}"
     path.write_text(f"{step} {phase} {time.time()} {os.getpid()} {rank} {host} {os.environ.get('SLURM_PROCID', -1)}")
