@@ -156,10 +156,6 @@ class Traffic:
     ep: tuple[float, float]
 
 
-def _enum(x) -> str:
-    return str(getattr(x, "value", x))
-
-
 def _stack(spec):
     return spec.stack if spec is not None else None
 
@@ -193,7 +189,7 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
             kv_width = mm.mla.kv_lora_rank + mm.mla.qk_rope_head_dim  # gather the latent
         else:
             kv_width = 2 * mm.hd * max(mm.kv // t, 1)
-        cp = _cp_traffic(_enum(stack.cp_comm) if stack is not None else "all_gather", n, frac, c, s * b, t,
+        cp = _cp_traffic(stack.cp_comm.value if stack is not None else "all_gather", n, frac, c, s * b, t,
                          kv_width, mm, act)
     else:
         cp = (0.0, 0.0)
@@ -252,7 +248,7 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
     j = max(range(len(stages)), key=lambda i: traffic[i].compute_s)
     tj = traffic[j]
     out: dict[str, AxisReport] = {}
-    cp_kind = _enum(spec.stack.cp_comm) if spec is not None else "all_gather"
+    cp_kind = spec.stack.cp_comm.value if spec is not None else "all_gather"
     for name, (calls, nbytes), size in (("tp", tj.tp, d.tp), ("cp", tj.cp, d.cp), ("ep", tj.ep, d.ep)):
         collective = CP_COLLECTIVE.get(cp_kind, AXES[name].collective) if name == "cp" else AXES[name].collective
         out[name] = AxisReport(name, size, collective, m * calls, m * calls * nbytes, hideable=False,
@@ -500,7 +496,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         costs["pp"] = AxisCost(pp.calls_per_step * one, p2p, max(pp.calls_per_step * one - p2p, 0.0))
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
-    constant = _enum(spec.cost.kernel_model or spec.hardware.kernel_model) == "constant"
+    constant = (spec.cost.kernel_model or spec.hardware.kernel_model).value == "constant"
     hj = HostCalls()  # host time per collective call (CPU presets the probe measured; plan/overheads.py)
     if constant:
         eff = hw.kernel_efficiency
@@ -546,11 +542,11 @@ def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spe
     sends behind: (c - 1) / c of the attention core (the local block's is computed before the
     first block arrives), at the kernel model's attention speed; 0 for the other CP methods."""
     stack = _stack(spec)
-    if d.cp <= 1 or stack is None or _enum(stack.cp_comm) != "p2p" or not tr.flash_attention:
+    if d.cp <= 1 or stack is None or stack.cp_comm.value != "p2p" or not tr.flash_attention:
         return [0.0] * len(stages)
     coef = coefficients(hw, spec.cost)
     shape = shape_of(d, tr, hw, spec, coef)
-    constant = _enum(spec.cost.kernel_model or hw.kernel_model) == "constant"
+    constant = (spec.cost.kernel_model or hw.kernel_model).value == "constant"
     speed = hw.kernel_efficiency if constant else coef.attention_efficiency
     return [stage_features(st, mm, shape).attn / speed * (d.cp - 1) / d.cp for st in stages]
 
@@ -559,8 +555,8 @@ def _core_share(hw, d: Layout) -> float:
     """Processes of a hardware=cpu run beyond the host's cores share their time: each rank's
     work takes world / cores as long (hardware.host_cores, measured by the probe; 0 = one
     core per process)."""
-    cores = getattr(hw, "host_cores", 0) or 0
-    if getattr(getattr(hw, "device", None), "value", "") != "cpu" or cores <= 0:
+    cores = hw.host_cores or 0
+    if hw.device.value != "cpu" or cores <= 0:
         return 1.0
     return max(1.0, d.world / cores)
 
@@ -597,7 +593,7 @@ def _data_parallel(axes: dict[str, AxisReport], d: Layout, comp_mb: float, m: in
         return 0.0, {}
     secs = {a.name: a.bytes_per_step / (gbps[a.name][0] * 1e9) + a.calls_per_step * gbps[a.name][1] for a in live}
     stack = spec.stack
-    window_kind = _enum(stack.dp_window)
+    window_kind = stack.dp_window.value
     overlap = stack.dp_overlap
     first_exposed = bool(stack.dp_first_gather_exposed)
     busy = sum(secs.values())

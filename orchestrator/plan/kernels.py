@@ -284,7 +284,7 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
         gemm8=fp8_peak(hw) * 1e12 * coef.gemm_efficiency * coef.fp8, hbm=hw.hbm_gbps * 1e9,
         eager=not stack.fused_elementwise,
         attn_speed=(_clamp(hw.flash2_speed, 1e-3, 1.0, 1.0)
-                    if str(getattr(stack.attention_kernel, "value", stack.attention_kernel)) == "flash2" else 1.0))
+                    if stack.attention_kernel.value == "flash2" else 1.0))
 
 
 def stage_features(st, mm: ModelMath, s: Shape) -> Features:
