@@ -24,11 +24,11 @@ interruptions, Llama 3 paper section 3.3.4, Table 5) for ETTR.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import heapq
 import json
-import math
 import os
 import random
 import secrets
@@ -39,11 +39,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.launch import failover, progress  # noqa: E402
 from orchestrator.launch.control import Coordinator  # noqa: E402
 from orchestrator.launch.inplace import copy_size  # noqa: E402
 from orchestrator.launch.stragglers import Stragglers  # noqa: E402
-from orchestrator.launch.srun import SrunWorkers, node_fail_wait_s  # noqa: E402
+from orchestrator.launch.srun import SrunWorkers  # noqa: E402
+from orchestrator.plan import goodput  # noqa: E402
+from orchestrator.plan.goodput import LLAMA3_TABLE5  # noqa: E402,F401 (the failure mix: one definition, the plan's)
 from orchestrator.train import tree, wire  # noqa: E402
 from orchestrator.train.tree import Aggregator  # noqa: E402
 
@@ -52,12 +53,13 @@ CONSTANTS = {  # stated, not emulated
     "reset_s": 1e-3,  # a crashed process's peers see their connections reset
     "poll_s": 2.0,  # launcher.poll_s: the supervisor sees a process gone, a node drained
     "node_down_s": 30.0,  # SLURM marks a dead or unreachable node down (SlurmdTimeout-like)
-    "requeue_s": 300.0,  # the job requeued and started again (the supervisor's node lost)
-    "restart_load_s": 120.0,  # every rank started and the checkpoint loaded after a restart
+    "requeue_s": goodput.REQUEUE_S,  # the job requeued and started again (the supervisor's node lost)
+    "restart_load_s": goodput.RELAUNCH_S,  # every rank started again after a restart, before the checkpoint read
     "state_gbps": 25.0,  # GB/s at which a spare receives a healthy copy's state
-    "store_ops_s": 50_000.0,  # the store's service rate (replaced by the measured one when torch is there)
-    "repair_s": 4 * 3600.0,  # a failed node is back, as a spare, after this
+    "store_ops_s": goodput.STORE_OPS_S,  # the store's service rate (replaced by the measured one when torch is there)
+    "repair_s": goodput.REPAIR_S,  # a failed node is back, as a spare, after this (the plan's)
 }
+PHASE = 0.4  # where in its step a scenario's failure strikes (Sim.inject)
 L3 = ["training.seq_len=8192", "training.recompute=full", "layout.stage_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]",
       "model=llama3_405b", "layout.tp=8", "layout.pp=16", "layout.dp_shard=1"]
 CONFIGS = {  # name: overrides (copies of 128 GPUs: Llama 3 405B's TP8 PP16; of 8: Llama 3 8B TP8)
@@ -72,14 +74,8 @@ CONFIGS = {  # name: overrides (copies of 128 GPUs: Llama 3 405B's TP8 PP16; of 
 }
 SCENARIOS = ("crash", "node", "hang", "straggler", "two", "flap", "drain", "supervisor", "partition", "aggregator")
 # Llama 3 405B pre-training, 54 days: 419 unexpected interruptions by cause (Table 5), and the kind of
-# failure each is in this model.
-LLAMA3_TABLE5 = [("faulty GPU", 148, "crash"), ("GPU HBM3 memory", 72, "crash"), ("software bug", 54, "crash"),
-                 ("network switch/cable", 35, "partition"), ("host maintenance", 32, "drain"),
-                 ("GPU SRAM memory", 19, "crash"), ("GPU system processor", 17, "crash"), ("NIC", 7, "partition"),
-                 ("NCCL watchdog timeouts", 7, "hang"), ("silent data corruption", 6, "crash"),
-                 ("GPU thermal interface and sensor", 6, "crash"), ("SSD", 3, "node"), ("power supply", 3, "node"),
-                 ("server chassis", 2, "node"), ("IO expansion board", 2, "node"), ("dependency", 2, "crash"),
-                 ("CPU", 2, "node"), ("system memory", 2, "node")]
+# failure each is in this model: LLAMA3_TABLE5, imported from the planner (orchestrator/plan/goodput.py),
+# whose goodput prediction weighs the same mix.
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,7 +203,7 @@ class SimSrunWorkers(SrunWorkers):
                             sorted({(k * self.spec.hardware.gpus_per_node + g) // self.sim.size
                                     for g in range(self.spec.hardware.gpus_per_node)})
                             for k, n in enumerate(self.current)}
-        self.deadline = progress.deadline_s(self.sim.plan.to_json(), self.spec.failover)  # the hang deadline wait() watches
+        self.timeouts(self.sim.plan.to_json())  # the hang deadline and the settle window wait() uses (the plan's)
         self.proc = SimProc(self.sim)
         self.sim.begin(policy)
 
@@ -241,9 +237,11 @@ class Sim:
         self.t_fail: float | None = None
         self.detected: float | None = None
         self.first_after: float | None = None
+        self.before: tuple = (-1, 0.0)  # (step, when) of the last commit the first generation got
+        self.first_after_step = -1
         self.steps = steps or (20 if scenario == "flap" else 12 if self.R < 5000 else 8)  # failure at step 3
-        if scenario == "drain" and not steps:  # SLURM's wait gathers a settle window (launch/failover.settle_s) first
-            self.steps = max(self.steps, 4 + int(2 * failover.settle_s(node_fail_wait_s(self.plan.spec.launcher)) / self.step_s))
+        if scenario == "drain" and not steps:  # SLURM's wait gathers the plan's settle window first
+            self.steps = max(self.steps, 4 + int(2 * self.plan.blast_radius["timeouts"]["settle_s"] / self.step_s))
         self.slow: dict[int, float] = {}
         self.last_step = -1
         self.committed_before = 0
@@ -273,7 +271,8 @@ class Sim:
         try:
             workers = SimSrunWorkers(self, self.plan.spec, self.dir / "run")
             (self.dir / "run").mkdir()
-            self.code = supervisor.supervise(self.plan, self.dir / "run", workers, say=lambda *a, **k: None)
+            with contextlib.redirect_stdout(sys.stderr):  # what the supervisor prints stays off --json's output
+                self.code = supervisor.supervise(self.plan, self.dir / "run", workers, say=lambda *a, **k: None)
         finally:
             gc.enable()
             srun.time = saved[0]
@@ -440,7 +439,9 @@ class Sim:
                 if len(rd["got"]) == len(rd["members"]):
                     self.lat.append(self.now - rd["sent"])
             if self.t_fail is not None and self.first_after is None and gen > 0:
-                self.first_after = self.now
+                self.first_after, self.first_after_step = self.now, step
+            if gen == 0 and step >= self.before[0]:
+                self.before = (step, self.now)
             self.last_step = max(self.last_step, step)
             self.done_step[c] = step
             return self.start(c, gen, step + 1)
@@ -561,7 +562,7 @@ class Sim:
         return self.coord.current.copies[1 if self.k < self.R else self.R - 1]
 
     def inject(self) -> None:
-        s, t0 = self.scenario, 3 * self.step_s + 0.4 * self.step_s
+        s, t0 = self.scenario, (3 + PHASE) * self.step_s
         victim = self.R - 1
         if s == "straggler":
             self.slow, self.slow_until = {victim: 1.5}, 8
@@ -632,6 +633,10 @@ class Sim:
             out["recovered"] = (self.first_after is not None and self.last_step + 1 >= self.steps and waiting == 0
                                 and self.code == 0)
             out["recovery_s"] = None if self.first_after is None else round(self.first_after - self.t_fail, 3)
+            # how much later the first step the new generation commits does than it would have without
+            # the failure (the time the run lost): from the first generation's last commit, less a step each
+            out["delay_s"] = None if self.first_after is None else round(
+                self.first_after - self.before[1] - (self.first_after_step - self.before[0]) * self.step_s, 3)
         else:
             out["recovered"] = self.coord.current.gen == 0 and self.last_step + 1 >= self.steps and self.code == 0
         return out
@@ -648,16 +653,17 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
 
 def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None = None, seed: int = 0) -> dict:
     """Llama 3's 419 interruptions over 54 days on 16,384 GPUs (the same mix at the same rate per GPU
-    for another size): each costs its kind's simulated recovery (and the
-    step in flight); with no warm spare left, or the supervisor's node, a restart from the last
-    checkpoint (the plan's Young/Daly interval). ETTR = productive time / wall time."""
+    for another size): each costs its kind's simulated delay (delay_s: how much later the first step
+    the new generation commits does than it would have without the failure); with no warm spare
+    left, or the supervisor's node, a restart from the last checkpoint (the plan's Young/Daly interval). ETTR = productive time / wall time. Warm spares:
+    the plan's (plan/goodput.spare_copies: sized to the repair pipeline unless cluster.spare_nodes)."""
     plan, rng = plan_of(name), random.Random(seed)
-    br, step_s = plan.blast_radius, plan.step.to_json()["wall_s"]
+    br = plan.blast_radius
     every, ckpt_s = br["checkpoint_interval_s"], br["checkpoint_seconds"]
     by_kind = {r["scenario"]: r for r in rows if r["config"] == name}
     T = days * 86400.0
-    if spares is None:  # warm spare copies sized to the repair pipeline: failures per repair time, plus one
-        spares = math.ceil(CONSTANTS["repair_s"] / (br["job_mtbf_hours"] * 3600.0)) + 1
+    if spares is None:  # the plan's warm spare copies (sized to the repair pipeline unless cluster.spare_nodes)
+        spares = goodput.spare_copies(plan)[0]
     mix = [k for _, n, k in LLAMA3_TABLE5 for _ in range(n)]  # 419 on 16,384 GPUs: scaled to this size
     kinds = [rng.choice(mix) for _ in range(round(len(mix) * plan.world_size / 16384))] if plan.world_size != 16384 \
         else mix
@@ -665,7 +671,7 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
     rng.shuffle(kinds)
     back: list[float] = []  # when the failed nodes return as spares
     pool, lost, restarts = spares, 0.0, 0
-    restart = CONSTANTS["node_down_s"] + CONSTANTS["restart_load_s"] + every / 2
+    restart = CONSTANTS["node_down_s"] + CONSTANTS["restart_load_s"] + ckpt_s + every / 2  # the checkpoint read back
     for t, kind in zip(times, kinds):
         pool += sum(1 for b in back if b <= t)
         back = [b for b in back if b > t]
@@ -674,15 +680,13 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
             restarts += 1
             lost += restart + (CONSTANTS["requeue_s"] if supervisor_hit else 0.0)
             continue
-        r = by_kind[kind]
-        lost += (r["recovery_s"] or 0.0) + step_s / 2  # the recovery, and half a step in flight redone
+        r = by_kind[kind]  # the steps commit this much later: the wait, the rebuild, the step redone
+        lost += r["delay_s"] or 0.0
         pool -= 1
         back.append(t + CONSTANTS["repair_s"])
     overhead = ckpt_s / every if every else 0.0  # blocking checkpoint writes
     ettr = (T - lost) / T * (1 - overhead)
-    from orchestrator.plan.goodput import goodput
-
-    predicted = goodput(plan)["predicted_ettr"]
+    predicted = goodput.goodput(plan)["predicted_ettr"]
     return {"replay": "llama3_54_days", "config": name, "interruptions": len(kinds), "days": days,
             "warm_spare_copies": spares, "spare_gpu_share": round(spares / (plan.layout.dp_replicate + spares), 4),
             "restarts": restarts, "lost_hours": round(lost / 3600, 2),

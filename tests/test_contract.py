@@ -216,7 +216,6 @@ def test_the_runtime_reads_an_attempts_plan_through_one_typed_reader(cli):
     assert isinstance(plan.config, Config) and plan.config.model.moe.experts == raw["config"]["model"]["moe"]["experts"]
     assert plan.config.training.steps == 20 and plan.config_json == raw["config"]
     assert plan.fault_step == faults.armed_step(plan.config) is not None and 1 <= plan.fault_step < 20
-    assert faults.env(plan.config, 0, plan.fault_step) == {}  # nothing about a fault travels by environment
     # the run directory's names, read back from a path alone
     a2 = rundir.attempt_dir(cli.dir, 2)
     assert rundir.run_dir_of(a2) == cli.dir == rundir.run_dir_of(cli.dir)

@@ -5,7 +5,6 @@ survived by resuming from the last complete checkpoint. Real processes where the
 the decision itself on SLURM's own output (tests/golden/sinfo_states.txt: `sinfo -h -N -o
 "%N|%T|%E"` on the local cluster, slurm/local-cluster.sh with 4 nodes, slurm-wlm 22.05.8, after
 `scontrol update nodename=node2 state=drain`, node4 drained with a job running, node3 set down)."""
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, losses_by_step, plan_of, run_cli, samples_read
+from conftest import ROOT, failovers, losses_by_step, plan_of, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16", "cluster.nodes=4", "hardware.gpus_per_node=1", "layout.dp=4"]
@@ -34,7 +33,7 @@ def test_two_nodes_lost_at_the_same_step_are_one_restart(tmp_path, tiny_losses):
                  "fault.at_step=3"], tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "run"
-    events = json.loads((run / "failover.json").read_text())
+    events = failovers(run)
     (restart,) = [e for e in events if e["mode"] == "restart"]
     assert len(events) == 1 and restart["nodes_lost"] == [1, 2] and restart["new_layout"]["nodes"] == 2
     assert restart["nodes_in_service"] == [0, 3] and restart["new_layout"]["dp"] == 2
@@ -75,7 +74,7 @@ def test_the_supervisor_killed_resumes_from_its_last_complete_checkpoint(tmp_pat
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "the supervisor (pid" in r.stdout
-    (event,) = json.loads((run / "failover.json").read_text())
+    (event,) = failovers(run)
     assert event["mode"] == "supervisor_lost" and event["resumed_from_step"] == 2
     _same_losses(run, tiny_losses, 6)
 
@@ -156,7 +155,44 @@ def test_copies_left_go_on_in_place_one_copy_restarts_and_a_repeated_error_stops
 
 
 def test_the_settle_window_follows_the_detection_deadline():
-    from orchestrator.launch import failover
+    from orchestrator.plan import timeouts
 
-    assert failover.settle_s(30.0) == pytest.approx(failover.SETTLE_FRACTION * 30.0)
-    assert failover.settle_s(1.0) == failover.SETTLE_MIN_S and failover.settle_s(1e6) == failover.SETTLE_MAX_S
+    assert timeouts.settle_s(30.0) == pytest.approx(timeouts.SETTLE_FRACTION * 30.0)
+    assert timeouts.settle_s(1.0) == timeouts.SETTLE_MIN_S and timeouts.settle_s(1e6) == timeouts.SETTLE_MAX_S
+
+
+@pytest.mark.parametrize("code", [0, 1, 6, 7])
+def test_the_slurm_batch_step_ends_failed_with_the_supervisors_code(tmp_path, monkeypatch, code):
+    """BatchJob (what submitit runs in the batch step) with the supervisor stubbed: 0 returns (SLURM:
+    COMPLETED); any other code but EXIT_STOPPED leaves by SystemExit(code), which submitit's job
+    runner does not catch (`except Exception`), so SLURM records FAILED with that exit code and does
+    not requeue (a no-progress stop, EXIT_NO_PROGRESS=7, included). Returned, submitit would record
+    it as a successful result and SLURM the job as COMPLETED 0:0."""
+    from orchestrator.launch import runs, srun
+    from orchestrator.rundir import EXIT_NO_PROGRESS
+
+    assert EXIT_NO_PROGRESS == 7
+    plan = plan_of("hardware=cpu", "model=tiny", "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=1")
+    monkeypatch.setattr(runs, "load_plan", lambda run_dir, latest=True: plan)
+    monkeypatch.setattr(srun, "hostnames", lambda nodelist: ["n1", "n2"])
+    monkeypatch.setattr(srun, "supervise", lambda *a, **k: code)
+    monkeypatch.setattr(srun.BatchJob, "_requeue_or_stop", lambda self, lc: pytest.fail("requeued"))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    job = srun.BatchJob(str(tmp_path))
+    if code == 0:
+        assert job() == 0
+        return
+    with pytest.raises(SystemExit) as e:
+        job()
+    assert e.value.code == code and not isinstance(e.value, Exception)
+
+
+def test_a_stopped_slurm_batch_step_is_requeued_not_failed(tmp_path, monkeypatch):
+    from orchestrator.launch import srun
+    from orchestrator.rundir import EXIT_STOPPED
+
+    asked = []
+    monkeypatch.setattr(srun.BatchJob, "_requeue_or_stop", lambda self, lc: asked.append(lc))
+    assert srun.BatchJob(str(tmp_path))._end(EXIT_STOPPED, "lc") == EXIT_STOPPED and asked == ["lc"]

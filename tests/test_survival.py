@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import losses_by_step, plan_of, run_cli, samples_read
+from conftest import failovers, losses_by_step, plan_of, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16", "cluster.nodes=4", "hardware.gpus_per_node=1", "layout.dp=4",
@@ -21,7 +21,7 @@ def _check(r, run, reference, steps):
     assert samples_read(run) == list(range(steps * 16))  # every sample once, per step that counts
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "completed" and f"all {steps} steps" in status["message"]
-    return [e for e in json.loads((run / "failover.json").read_text())]
+    return failovers(run)
 
 
 def test_in_place_refused_falls_back_to_restart_and_finishes_every_step(tmp_path, tiny_losses):
@@ -64,11 +64,12 @@ def test_a_hung_rank_is_named_and_its_node_lost_and_the_restart_pads_the_short_r
 
 def test_the_progress_deadline_follows_the_plan():
     from orchestrator.launch import progress
+    from orchestrator.plan import timeouts
 
     fo = plan_of("hardware=cpu", "model=tiny").spec.failover
     slow = {"step": {"wall_s": 12.0}, "blast_radius": {"checkpoint_seconds": 3.0}}
-    assert progress.deadline_s(slow, fo) == progress.DEADLINE_FACTOR * 15.0
-    assert progress.deadline_s({"step": {"wall_s": 0.01}}, fo) == progress.DEADLINE_FLOOR_S
+    assert progress.deadline_s(slow, fo) == timeouts.DEADLINE_FACTOR * 15.0
+    assert progress.deadline_s({"step": {"wall_s": 0.01}}, fo) == timeouts.DEADLINE_FLOOR_S
     beats = {1: progress.Beat(1, 3, True, 100.0), 2: progress.Beat(2, 4, False, 100.2),
              3: progress.Beat(3, 4, False, 100.1)}
     assert progress.hung(beats, 100.2 + 29, 30.0) is None
@@ -154,12 +155,13 @@ def test_a_crash_recovers_once_and_the_same_error_at_the_same_step_stops_as_a_bu
     code, status = _supervise(tmp_path, [crash("RuntimeError: CUDA error"), crash("ValueError: bad shape"),
                                          crash("ValueError: bad shape")], [3, 3, 3])
     assert code == 1 and "same error at step 3 twice" in status["message"] and "bad shape" in status["message"]
-    restarts = [e for e in json.loads((tmp_path / "failover.json").read_text()) if e["mode"] == "restart"]
+    restarts = [e for e in failovers(tmp_path) if e["mode"] == "restart"]
     assert len(restarts) == 2 and restarts[0]["nodes_lost"] == [] and restarts[0]["new_layout"]["nodes"] == 2
 
 
 def test_attempts_failing_at_the_same_step_stop_with_a_distinct_status(tmp_path):
-    from orchestrator.launch.supervisor import EXIT_NO_PROGRESS, Outcome
+    from orchestrator.launch.supervisor import Outcome
+    from orchestrator.rundir import EXIT_NO_PROGRESS
 
     code, status = _supervise(tmp_path, [Outcome(False, [1], "node 1 lost")] * 2, [4, 4],
                               "cluster.spare_nodes=0", "failover.no_progress_attempts=2", "layout.dp=1",
@@ -210,3 +212,35 @@ def test_host_scalars_ride_the_side_backend_a_gpu_world_gets():
     lines = r.stdout.splitlines()
     assert lines[0] == f"{here} OK ([1.5, 2.0], [[3.0]], [1.0, 2.0, 0.0, 1.0])", r.stdout + r.stderr
     assert lines[1].startswith("cuda:gloo REFUSED") and "device type cpu" in lines[1], r.stdout + r.stderr
+
+
+def test_nodes_a_re_plan_leaves_over_wait_in_the_pool_and_the_next_re_plan_uses_them(tmp_path):
+    """Six nodes, replicas of two (PP2 DP3): losing node 1 leaves five healthy, whole replicas fit
+    on four and node 5 waits; losing node 3 then re-plans on all four healthy nodes (DP2 again),
+    not on the three still in service."""
+    from orchestrator.launch.supervisor import Outcome, supervise
+    from orchestrator.report.artifacts import write_plan
+
+    class Six(_Scripted):
+        started = []
+
+        def nodes(self):
+            return list(range(6))
+
+        def start(self, attempt, plan_dir, nodes, env, policy=None):
+            self.attempt = attempt
+            self.started.append(list(nodes))
+
+    plan = plan_of("hardware=cpu", "model=tiny", "launcher=local", "cluster.nodes=6", "hardware.gpus_per_node=1",
+                   "layout.pp=2", "layout.dp=3", "training.global_batch=12", "training.steps=8")
+    assert plan.valid and plan.layout.dp_replicate == 1  # one copy of the state: every loss restarts
+    write_plan(plan, tmp_path, figures=False)
+    workers = Six(tmp_path, [Outcome(False, [1], "node 1 lost"), Outcome(False, [3], "node 3 lost"), Outcome(True)],
+                  [3, 5, 8])
+    assert supervise(plan, tmp_path, workers, say=lambda *a, **k: None) == 0
+    first, second = [e for e in failovers(tmp_path) if e["mode"] == "restart"]
+    assert first["healthy_nodes"] == 5 and first["nodes_in_service"] == [0, 2, 3, 4]
+    assert first["nodes_waiting"] == [5] and first["new_layout"]["dp"] == 2
+    assert second["healthy_nodes"] == 4 and second["nodes_in_service"] == [0, 2, 4, 5]
+    assert second["new_layout"]["nodes"] == 4 and second["new_layout"]["dp"] == 2
+    assert workers.started == [[0, 1, 2, 3, 4, 5], [0, 2, 3, 4], [0, 2, 4, 5]]

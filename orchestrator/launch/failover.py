@@ -27,9 +27,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# the settle window: SETTLE_FRACTION of the detection deadline, SETTLE_MIN_S .. SETTLE_MAX_S (one
-# definition, with the rest of the timeout ladder)
-from orchestrator.plan.timeouts import SETTLE_FRACTION, SETTLE_MAX_S, SETTLE_MIN_S, settle_s  # noqa: F401
 
 # ---- failures and node states -------------------------------------------------------------
 NODE_LOST, CRASH, HANG, DRAINED = "node_lost", "crash", "hang", "drained"

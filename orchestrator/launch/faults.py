@@ -16,8 +16,3 @@ def armed_step(spec) -> int | None:
     """The step the fault fires after (None: no fault): the rule the ranks read too (rundir.plan)."""
     return fault_step(spec)
 
-
-def env(spec, attempt: int, step: int | None) -> dict:
-    """What the ranks of an attempt are told of the fault by environment: nothing, since plan.json
-    holds every fault setting (kept while a launcher still merges it into the ranks' environment)."""
-    return {}

@@ -26,6 +26,7 @@ from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
+from orchestrator.plan import timeouts
 
 CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
@@ -77,11 +78,13 @@ class LocalWorkers(Workers):
         env = dict(env)
         self.attempt, self.killed_at, self.policy = attempt, None, policy
         progress.clear(self.run_dir)
-        self.deadline = progress.deadline_s(json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text()), self.spec.failover)
-        self.settle = failover.settle_s(self.deadline)  # failures this close together are one recovery
+        plan = json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text())
+        ladder = timeouts.from_plan(plan, self.spec.failover)  # as plan.md prints it (plan/timeouts.py)
+        self.deadline = progress.deadline_s(plan, self.spec.failover)
+        self.settle = ladder["settle_s"]  # failures this close together are one recovery (< quorum)
         self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
-        active = nodes[: self.spec.cluster.nodes] if policy is None else nodes[: policy.plan.spec.cluster.nodes]
+        active = nodes[: plan["nodes"]]  # the attempt's plan's nodes; the rest wait (warm spares with copies)
         self.current = list(active)
         if policy is not None:
             env.update(self._serve(policy, plan_dir))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.plan.timeouts import DEADLINE_FACTOR, DEADLINE_FLOOR_S, detection_s  # noqa: F401
+from orchestrator.plan.timeouts import detection_s
 
 
 def deadline_s(plan: dict, fo) -> float:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.rundir import events
-from orchestrator.launch import failover, faults, progress, sbatch, stragglers
+from orchestrator.launch import failover, progress, sbatch, stragglers
 from orchestrator.launch.status import read_status, steps_completed, write_status
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
@@ -69,16 +69,19 @@ def node_states(nodes: list[str], tries: int = 3, timeout_s: float = 20.0) -> di
 
 def node_fail_wait_s(lc) -> float:
     """launcher.node_fail_wait_s, or what SLURM takes to mark a dead node down: SlurmdTimeout
-    (scontrol show config; 300 s when it does not answer) + 30 s, at least 60 s."""
+    (scontrol show config; SLURM's default when it does not answer) + 30 s, at least 60 s
+    (plan/timeouts.node_confirm_s, what plan.md states)."""
+    from orchestrator.plan.timeouts import node_confirm_s
+
     if lc.node_fail_wait_s is not None:
-        return float(lc.node_fail_wait_s)
+        return node_confirm_s(lc)
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20).stdout
         line = next(x for x in out.splitlines() if x.split("=")[0].strip() == "SlurmdTimeout")
         timeout = float(line.split("=", 1)[1].split()[0])
     except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError, IndexError):
-        timeout = 300.0
-    return max(60.0, timeout + 30.0)
+        timeout = None
+    return node_confirm_s(lc, timeout)
 
 
 def _crash_error(logs: Path, run_dir: Path) -> str | None:
@@ -108,7 +111,6 @@ class SrunWorkers(Workers):
         self.stop_requested = False
         self.policy = self.services = None
         self.lost: list[str] = []
-        self.fault_step = faults.armed_step(spec)
         self.crash: str | None = None  # a rank seen crashed while its peers wait on it
         self.drained: list[str] = []  # drained by SLURM: left out of later steps, not counted as failures
 
@@ -133,8 +135,7 @@ class SrunWorkers(Workers):
         (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         progress.clear(self.run_dir)  # the beats of this attempt's ranks, read by wait (a hang)
         self.crash = None
-        self.deadline = progress.deadline_s(json.loads((plan_dir / rundir.PLAN_JSON).read_text()), self.spec.failover)
-        env = {**env, **faults.env(self.spec, attempt, self.fault_step)}
+        self.timeouts(json.loads((plan_dir / rundir.PLAN_JSON).read_text()))
         if policy is not None:
             from orchestrator.launch.control import JobServices
 
@@ -147,7 +148,7 @@ class SrunWorkers(Workers):
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
-        cmd.insert(1, f"--output={plan_dir / 'logs' / 'rank%t.log'}")
+        cmd.insert(1, f"--output={plan_dir / rundir.LOGS / 'rank%t.log'}")
         job = os.environ.get("SLURM_JOB_ID", "0")
         env = dict(os.environ, **env, MASTER_ADDR=self.current[0], OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    MASTER_PORT=str(15000 + (int(job) * 7 + attempt) % 20000), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
@@ -155,6 +156,15 @@ class SrunWorkers(Workers):
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         print(f"attempt {attempt}: {' '.join(cmd)}", flush=True)
         return list(self.current)
+
+    def timeouts(self, plan: dict) -> None:
+        """The attempt's waits from its plan's ladder (plan/timeouts.py, as plan.md prints it): the
+        hang deadline, and the settle window within which the failures SLURM reports are one
+        recovery (below the quorum, so copies hit at one moment are decided together)."""
+        from orchestrator.plan.timeouts import from_plan
+
+        self.deadline = progress.deadline_s(plan, self.spec.failover)
+        self.settle = from_plan(plan, self.spec.failover)["settle_s"]
 
     def _copies_on(self, node: str) -> list[int]:
         """The copies of the state with a rank on `node` (ranks are laid out node by node)."""
@@ -172,7 +182,7 @@ class SrunWorkers(Workers):
     def wait(self) -> Outcome:
         lc = self.spec.launcher
         wait_s = node_fail_wait_s(lc)
-        settle = failover.settle_s(wait_s)
+        settle = self.settle  # the plan's settle window W (< quorum < collective timeout)
         pending, first = [], None  # failures gathered since `first`, decided together
         while True:
             code = self.proc.poll()
@@ -227,7 +237,7 @@ class SrunWorkers(Workers):
             return Outcome(False, [], f"node(s) {self.drained} drained (SLURM); the step exited with {code}",
                            drained=list(self.drained))
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
-                                  f"{self.run_dir / 'logs'} (and attempt*/logs)")
+                                  f"{self.run_dir / rundir.LOGS} (and attempt*/{rundir.LOGS})")
 
     def _hung(self, late) -> Outcome | None:
         """A rank past the progress deadline: every task dumps its Python stack into its log
@@ -244,7 +254,7 @@ class SrunWorkers(Workers):
             return None
         self.signal(signal.SIGUSR1)
         time.sleep(2.0)
-        log = self.plan_dir / rundir.LOGS / f"rank{late.task}.log"
+        log = rundir.rank_log(self.plan_dir, late.task)
         what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log))
         print(f"HANG: {what}", flush=True)
         self.lost.append(late.host)
@@ -354,8 +364,22 @@ class BatchJob:
                              + "), starting the ranks")
         self.workers = SrunWorkers(spec, run_dir, nodes)
         code = supervise(plan, run_dir, self.workers, first_attempt=int(status.get("next_attempt", 0)))
+        return self._end(code, spec.launcher)
+
+    def _end(self, code: int, lc) -> int:
+        """How the job ends, as SLURM records it. 0: COMPLETED. EXIT_STOPPED (every rank saved on
+        request: preemption, time limit): requeued, to resume from that checkpoint. Any other code
+        (a failure, no progress, steps missing) ends the batch step with it, so SLURM records the job
+        FAILED with that exit code and does not requeue it: returned, submitit would record it as a
+        successful result and the job as COMPLETED 0:0. SystemExit is not an Exception, so
+        submitit's job runner (submitit.core.submission.process_job, `except Exception`) lets it
+        through and the process exits with the code; no result is pickled (nothing reads one)."""
         if code == EXIT_STOPPED:  # every rank saved on request (preemption, time limit): come back
-            self._requeue_or_stop(spec.launcher)
+            self._requeue_or_stop(lc)
+            return code
+        if code:
+            print(f"the supervisor ends the job with exit status {code} (not requeued)", flush=True)
+            sys.exit(code)
         return code
 
     def checkpoint(self, *args, **kwargs):
@@ -378,14 +402,14 @@ class BatchJob:
         from orchestrator.launch.runs import final_line
 
         run_dir = Path(self.run_dir)
-        path = run_dir / "requeues.json"
+        path = run_dir / rundir.REQUEUES_JSON
         n = json.loads(path.read_text())["count"] if path.exists() else 0
         if n >= lc.max_requeues:
             write_status(run_dir, state="stopped", message=f"preempted or out of time {n + 1} time(s); "
                          f"launcher.max_requeues={lc.max_requeues} reached")
             print(final_line(run_dir), flush=True)
-            os._exit(0)  # no requeue and no traceback: the status and the line above say how to continue
-        path.write_text(json.dumps({"count": n + 1}))
+            os._exit(rundir.EXIT_OK)  # no requeue and no traceback: the status and the line above say how to continue
+        rundir.write_json(path, {"count": n + 1})
         write_status(run_dir, state="requeued", message=f"requeue {n + 1} of at most {lc.max_requeues}")
         job = os.environ["SLURM_JOB_ID"]
         print(f"requeueing job {job} ({n + 1} of at most {lc.max_requeues}); it resumes from its checkpoint",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_NO_PROGRESS, EXIT_STOPPED  # noqa: F401 (EXIT_NO_PROGRESS: returned via decide)
+from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_STOPPED
 from orchestrator.rundir import events
 from orchestrator.launch.manifest import record_attempt
 from orchestrator.launch import failover
@@ -69,7 +69,7 @@ class Workers(ABC):
     @abstractmethod
     def wait(self) -> Outcome:
         """Block until every rank has ended, or nodes are lost (then stop the rest): failures seen
-        within one settle window (failover.settle_s) come back as one Outcome. Bounded: every
+        within one settle window (plan/timeouts.settle_s) come back as one Outcome. Bounded: every
         wait inside has a deadline."""
 
     @abstractmethod
@@ -105,7 +105,9 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
     run_dir = Path(run_dir)
     spec = plan.spec
     url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
-    alive = workers.nodes()  # the plan's nodes first, then any spares
+    # every healthy node: the plan's nodes first, then those waiting (spares, and the nodes a re-plan
+    # left over: whole replicas did not fit on them). Each re-plan sees the whole pool.
+    alive = workers.nodes()
     attempt, failovers = first_attempt, len([e for e in events.read_events(run_dir) if e.get("mode") == "restart"])
     while True:
         plan_dir = rundir.attempt_dir(run_dir, attempt)
@@ -117,9 +119,11 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
                              + (f", after {failovers} restart(s)" if failovers else ""))
         t_start = time.monotonic()
         policy = InPlace(plan, run_dir, attempt, workers) if plan.layout.dp_replicate > 1 and not external(plan) else None
-        used = workers.start(attempt, plan_dir, alive, {rundir.ENV_RUN_DIR: str(run_dir),
-                                                        rundir.ENV_ATTEMPT: str(attempt)}, policy)
-        record_attempt(run_dir, attempt, plan_dir, used or alive)
+        # with copies of the state the waiting nodes are warm spares; with one copy they wait idle
+        start_on = alive if policy is not None else alive[: plan.spec.cluster.nodes]
+        used = workers.start(attempt, plan_dir, start_on, {rundir.ENV_RUN_DIR: str(run_dir),
+                                                           rundir.ENV_ATTEMPT: str(attempt)}, policy)
+        record_attempt(run_dir, attempt, plan_dir, used or start_on)
         outcome = workers.wait()
         if policy is not None:  # generations decided in place moved the plan on
             plan, attempt = policy.plan, policy.attempt
@@ -133,7 +137,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             write_status(run_dir, state="completed", message=f"finished all {spec.training.steps} steps after "
                          f"{failovers} restart(s) and {_in_place_count(run_dir)} in-place failover(s)")
             _measured(run_dir, say)
-            return 0
+            return rundir.EXIT_OK
         if outcome.stopped:
             write_status(run_dir, state="stopped", message=outcome.cause)
             return EXIT_STOPPED
@@ -141,7 +145,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
         if not outcome.lost and not outcome.crashed and not outcome.drained:
             write_status(run_dir, state="failed", message=outcome.cause)
             say(f"\nFAILED: {outcome.cause}", file=sys.stderr)
-            return 1
+            return rundir.EXIT_FAILED
         what = (f"node(s) {outcome.lost} lost" if outcome.lost else "a rank crashed (its node stays in service)"
                 if outcome.crashed else f"node(s) {outcome.drained} drained")
         say(f"\nFAILURE: {outcome.cause}; {what}", file=sys.stderr, flush=True)
@@ -155,6 +159,7 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             say(f"STOPPED: {why}; {failovers} restart(s) so far.", file=sys.stderr)
             return verdict.exit_code
         survivors = [n for n in alive if n not in verdict.excluded]  # lost, drained, flapping: none relaunched
+        # (the whole healthy pool: nodes in service and those left waiting by an earlier re-plan)
         t0 = time.monotonic()
         write_status(run_dir, state="re-forming", message=what)
         rp = replan_on_survivors(plan, len(survivors))
@@ -164,12 +169,12 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
             write_status(run_dir, state="failed", message="no layout fits the survivors: " + "; ".join(rp.problems))
             say(f"STOPPED: no layout fits the {len(survivors)} surviving node(s): " + "; ".join(rp.problems),
                 file=sys.stderr)
-            return 1
+            return rundir.EXIT_FAILED
         failovers += 1
         _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
                         {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start},
                         say)
-        alive, plan, attempt = survivors[: rp.nodes], rp.plan, attempt + 1
+        alive, plan, attempt = survivors, rp.plan, attempt + 1  # the nodes left over wait in the pool
 
 
 def _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
@@ -180,10 +185,11 @@ def _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, su
     event = events.record(run_dir, {
         "mode": "restart", "attempt": attempt, "node": (outcome.lost or [None])[0], "nodes_lost": outcome.lost,
         "cause": outcome.cause, "kind": "crash_rank" if outcome.crashed else "node_lost", "error": outcome.error,
-        "old_layout": layout_of(plan, len(alive)), "new_layout": layout_of(rp.plan, rp.nodes),
+        "old_layout": layout_of(plan, plan.spec.cluster.nodes), "new_layout": layout_of(rp.plan, rp.nodes),
         "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
         "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
-        "nodes_in_service": survivors[: rp.nodes], "why_not_in_place": why, "seconds": seconds,
+        "nodes_in_service": survivors[: rp.nodes], "nodes_waiting": survivors[rp.nodes:],
+        "healthy_nodes": len(survivors), "why_not_in_place": why, "seconds": seconds,
         "nodes_drained": outcome.drained, "nodes_excluded": verdict.excluded, "counted": verdict.counted,
         "decision": verdict.reason})
     say(f"FAILOVER {failovers} (restart, {why}): {what} after step {done}; re-planned on {rp.nodes} "

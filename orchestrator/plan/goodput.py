@@ -1,21 +1,137 @@
-"""The plan's goodput prediction (plan.md's blast-radius section prints it)."""
+"""The plan's goodput prediction (plan.md's blast-radius section prints it). Torch-free and cheap:
+it runs in every plan.
+
+    predicted ETTR = (1 - checkpoint write / interval) x (1 - time lost per failure / job MTBF)
+
+The time a failure costs depends on its kind, weighed by a failure mix (FAILURE_MIX: Llama 3's
+54 days, the mix benchmarks/failover_sim.py replays; one definition, the benchmark imports it).
+What each kind costs comes from the plan's own figures: its predicted step, its checkpoint save
+and Young/Daly interval, and its timeout ladder (plan/timeouts.py: settle window W, quorum Q,
+collective timeout C, hang deadline D). A failure strikes at a uniform point in its step; what
+is lost is how much later that step commits than it would have.
+
+In place (several copies of the state, failover.in_place) a warm spare copy takes the lost
+copy's place; the survivors wait at the step's boundary (time they would have spent computing
+anyway), then
+
+    crash      no wait: the process died, its peers' connections reset at once
+    node       C: the survivors are blocked in the cross-copy all-reduce on a silent peer until
+               it gives up; SLURM naming the node (launcher.node_fail_wait_s) only confirms it
+               (plus Q when SLURM has not named it by then: nobody else does)
+    hang       min(D, C): the hung rank is named at the hang deadline and its node lost
+    partition  C + Q: a silent peer that nobody names: the coordinator waits the quorum for it
+    drain      no wait: planned, the drained copy trains on while the supervisor sees SLURM's drain
+               (its next poll, launcher.poll_s) and gathers the settle window W; it leaves at the
+               boundary of the step the change begins in
+
+and then the generation's groups are rebuilt (REBUILD_STORE_OPS per rank through the job's
+store, train/replicas.py) and the step in flight (the one the change began in) is redone. A restart from the last checkpoint
+(not in place, no warm spare left to take over, or the supervisor's node lost) costs the same
+wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone
+(plus REQUEUE_S when the supervisor's node is lost: SLURM requeues the job). A plan that is not
+in place loses nothing to a drain (the node trains on and is left out of the next launch).
+
+Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
+repair pipeline (spare_copies: failures per REPAIR_S, plus one). Every failure takes its node out
+for REPAIR_S; a failure that finds the pool empty restarts (the Erlang loss formula, for failures
+at the job's MTBF). The supervisor lives on the first node: one failure in `nodes` hits it.
+"""
 from __future__ import annotations
 
+import math
 
-def goodput(plan) -> dict:
-    """The predicted effective training time ratio (ETTR): checkpoint writes and the time each
-    failure costs, at the job's MTBF (hardware.failures_per_gpu_hour). With copies of the state
-    and failover.in_place a failure costs the wait for a silent peer (failover.timeout_s, the worst
-    case; a crash is seen sooner) and the step in flight redone; otherwise a restart from the last
-    checkpoint: half the Young/Daly interval redone, and the checkpoint read back.
-    benchmarks/failover_sim.py replays Llama 3's failure mix against this."""
+# Llama 3 405B pre-training, 54 days on 16,384 H100s: the 419 unexpected interruptions by root cause
+# (Llama 3 paper, "The Llama 3 Herd of Models", arXiv:2407.21783, section 3.3.4, Table 5), and the
+# kind of failure each is in this model: (cause, count, kind).
+LLAMA3_TABLE5 = [("faulty GPU", 148, "crash"), ("GPU HBM3 memory", 72, "crash"), ("software bug", 54, "crash"),
+                 ("network switch/cable", 35, "partition"), ("host maintenance", 32, "drain"),
+                 ("GPU SRAM memory", 19, "crash"), ("GPU system processor", 17, "crash"), ("NIC", 7, "partition"),
+                 ("NCCL watchdog timeouts", 7, "hang"), ("silent data corruption", 6, "crash"),
+                 ("GPU thermal interface and sensor", 6, "crash"), ("SSD", 3, "node"), ("power supply", 3, "node"),
+                 ("server chassis", 2, "node"), ("IO expansion board", 2, "node"), ("dependency", 2, "crash"),
+                 ("CPU", 2, "node"), ("system memory", 2, "node")]
+FAILURE_MIX = LLAMA3_TABLE5  # the mix the prediction weighs by
+KINDS = ("crash", "node", "hang", "partition", "drain")
+
+# Stated, not derived (the plan knows nothing that sets them):
+REBUILD_STORE_OPS = 3  # store operations per rank to rebuild a generation's groups (train/replicas.py)
+STORE_OPS_S = 25_000.0  # a TCPStore's service rate (benchmarks/failover_sim.py measures ~2.4e4/s on loopback)
+RELAUNCH_S = 120.0  # a restart: every rank started again and its world formed, before the checkpoint is read
+REQUEUE_S = 300.0  # the supervisor's node lost: SLURM ends the job (NODE_FAIL) and starts it again (--requeue)
+REPAIR_S = 4 * 3600.0  # a failed node is back in service (as a spare) after this
+
+
+def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
+    """{kind: share of the failures} of a mix of (cause, count, kind)."""
+    total = sum(n for _, n, _ in mix)
+    out = {k: 0.0 for k in KINDS}
+    for _, n, kind in mix:
+        out[kind] = out.get(kind, 0.0) + n / total
+    return out
+
+
+def spare_copies(plan) -> tuple[int, str]:
+    """The warm spare copies a lost copy is replaced from: cluster.spare_nodes' whole copies, or
+    where none are set, the pool sized to the repair pipeline (failures per REPAIR_S, plus one)."""
+    br, hw = plan.blast_radius, plan.spec.hardware
+    per_copy = max(1, -(-br["gpus_per_replica"] // hw.gpus_per_node))  # nodes a copy spans
+    if plan.spec.cluster.spare_nodes:
+        return plan.spec.cluster.spare_nodes // per_copy, "cluster.spare_nodes"
+    mtbf_s = br["job_mtbf_hours"] * 3600.0
+    if not math.isfinite(mtbf_s) or mtbf_s <= 0:
+        return 1, "one (no failure rate)"
+    return math.ceil(REPAIR_S / mtbf_s) + 1, f"sized to a {REPAIR_S / 3600:g} h repair at the job MTBF"
+
+
+def erlang_b(servers: int, load: float) -> float:
+    """The chance a failure finds every spare out for repair (Erlang's loss formula: `load` =
+    failures per repair time, `servers` spares)."""
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = load * b / (k + load * b)
+    return b
+
+
+def waits(plan, t: dict | None = None) -> dict[str, float]:
+    """{kind: seconds from the failure until the survivors can decide}, beyond the boundary of the
+    step they would have reached anyway (the module docstring)."""
+    from orchestrator.plan.timeouts import ladder, node_confirm_s
+
+    fo, lc = plan.spec.failover, plan.spec.launcher
+    step_s = plan.step.wall_s
+    t = t or plan.blast_radius.get("timeouts") or ladder(fo, step_s, plan.blast_radius["checkpoint_seconds"])
+    c, q, d = t["collective_s"], t["quorum_s"], t["hang_deadline_s"]
+    poll = float(getattr(lc, "poll_s", 0.0) or 0.0)  # the supervisor's look at its ranks (the local one: at once)
+    named = node_confirm_s(lc) if lc.name.value == "slurm" else poll  # a node's loss told to the coordinator
+    return {"crash": 0.0, "node": c + (q if named >= c else 0.0), "hang": min(d, c), "partition": c + q,
+            "drain": 0.0}
+
+
+def goodput(plan, mix=FAILURE_MIX) -> dict:
+    """The predicted effective training time ratio and what a failure costs (module docstring)."""
     br, fo = plan.blast_radius, plan.spec.failover
     step_s = plan.step.wall_s
     in_place = br["replicas"] > 1 and fo.enabled and fo.in_place and plan.layout.ep == 1
     every = br["checkpoint_interval_s"]
     if not every:
         return {"in_place": in_place, "lost_per_failure_s": 0.0, "predicted_ettr": 1.0}
-    lost = fo.timeout_s + step_s if in_place else every / 2 + br["checkpoint_seconds"]
-    mtbf_s = br["job_mtbf_hours"] * 3600.0
-    ettr = (1 - br["checkpoint_seconds"] / every) * max(0.0, 1 - lost / mtbf_s)
-    return {"in_place": in_place, "lost_per_failure_s": lost, "predicted_ettr": ettr}
+    ckpt_s, mtbf_s = br["checkpoint_seconds"], br["job_mtbf_hours"] * 3600.0
+    shares, wait = mix_shares(mix), waits(plan)
+    rebuild = REBUILD_STORE_OPS * plan.world_size / STORE_OPS_S
+    restart = {k: wait[k] + RELAUNCH_S + ckpt_s + every / 2 for k in shares}
+    if not in_place:
+        restart["drain"] = 0.0  # planned: the node trains on and is left out of the next launch
+    kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
+    spares, spares_from = spare_copies(plan)
+    p_empty = erlang_b(spares, REPAIR_S / mtbf_s) if in_place else 1.0
+    p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)  # the supervisor's node: the job is requeued
+    lost_restart = sum(shares[k] * restart[k] for k in shares)
+    lost_kept = sum(shares[k] * kept[k] for k in shares)
+    lost = (p_supervisor * (restart["node"] + REQUEUE_S)
+            + (1 - p_supervisor) * ((1 - p_empty) * lost_kept + p_empty * lost_restart))
+    ettr = (1 - ckpt_s / every) * max(0.0, 1 - lost / mtbf_s)
+    return {"in_place": in_place, "lost_per_failure_s": lost, "predicted_ettr": ettr,
+            "by_kind": {k: {"share": shares[k], "in_place_s": kept[k] if in_place else None, "restart_s": restart[k]}
+                        for k in shares},
+            "spare_copies": spares if in_place else 0, "spares_from": spares_from if in_place else "",
+            "restart_share": p_supervisor + (1 - p_supervisor) * p_empty, "rebuild_s": rebuild}

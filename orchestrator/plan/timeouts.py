@@ -6,7 +6,7 @@
 - D, the hang deadline (failover.progress_deadline_s): no rank made progress for this long ->
   the rank furthest behind is named and its node lost. DEADLINE_FACTOR x (predicted step +
   save), at least DEADLINE_FLOOR_S. Below C, so a hang is named before a collective gives up.
-- W, the settle window (launch/failover.settle_s): failures seen within it after the first are
+- W, the settle window (settle_s): failures seen within it after the first are
   one recovery (two nodes lost at once re-plan once). SETTLE_FRACTION of D, 1 .. 30 s.
 - Q, the quorum (failover.quorum_s): after the first copy reports a failure the coordinator
   waits this long for the others before deciding without them (counted from the first report,
@@ -16,7 +16,9 @@
   Default max(COLLECTIVE_FLOOR_S, 2 D, 2 Q).
 
 On SLURM a node whose ranks died is confirmed lost once SLURM marks it down (at most
-launcher.node_fail_wait_s, SlurmdTimeout + 30 s by default): that confirms, it does not detect.
+launcher.node_fail_wait_s, SlurmdTimeout + 30 s by default: node_confirm_s): that confirms, it
+does not detect. The SLURM supervisor (launch/srun.py) gathers the failures SLURM reports within
+the same settle window W (`from_plan`: the ladder plan.json holds), so plan.md's W is the one used.
 """
 from __future__ import annotations
 
@@ -27,6 +29,17 @@ DEADLINE_FLOOR_S = 30.0
 SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
 QUORUM_FLOOR_S = 10.0
 COLLECTIVE_FLOOR_S = 60.0
+SLURMD_TIMEOUT_S = 300.0  # SLURM's default SlurmdTimeout (a cluster's own is read from scontrol at run time)
+NODE_FAIL_MARGIN_S, NODE_FAIL_FLOOR_S = 30.0, 60.0  # launcher.node_fail_wait_s: SlurmdTimeout + 30 s, at least 60 s
+
+
+def node_confirm_s(lc, slurmd_timeout_s: float | None = None) -> float:
+    """How long SLURM may take to mark a dead node down: launcher.node_fail_wait_s, or
+    SlurmdTimeout (the cluster's when known, else SLURM's default) + NODE_FAIL_MARGIN_S."""
+    if lc.node_fail_wait_s is not None:
+        return float(lc.node_fail_wait_s)
+    timeout = SLURMD_TIMEOUT_S if slurmd_timeout_s is None else float(slurmd_timeout_s)
+    return max(NODE_FAIL_FLOOR_S, timeout + NODE_FAIL_MARGIN_S)
 
 
 def detection_s(step_s: float, save_s: float, fo) -> float:
@@ -50,6 +63,16 @@ def ladder(fo, step_s: float, save_s: float) -> dict:
     return {"hang_deadline_s": d, "settle_s": w, "quorum_s": q, "collective_s": c,
             "derived": [k for k, v in (("progress_deadline_s", fo.progress_deadline_s), ("quorum_s", fo.quorum_s),
                                        ("timeout_s", fo.timeout_s)) if v is None]}
+
+
+def from_plan(plan: dict, fo) -> dict:
+    """The ladder a plan.json dict holds (blast_radius.timeouts), or derived from its predicted
+    step and save when it holds none: what the launchers wait by, as plan.md prints it."""
+    t = (plan.get("blast_radius") or {}).get("timeouts")
+    if t:
+        return t
+    return ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
+                  float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
 
 
 def problems(fo, t: dict) -> list[Problem]:
@@ -94,5 +117,6 @@ def lines(t: dict, node_fail_wait_s: float | None = None) -> list[str]:
            f"{how['hang_deadline_s']} < collective timeout"]
     slurm = (f"{node_fail_wait_s:g} s (launcher.node_fail_wait_s)" if node_fail_wait_s else
              "SlurmdTimeout + 30 s, read from scontrol when the job starts (launcher.node_fail_wait_s)")
-    out.append(f"- SLURM: a node whose ranks died is confirmed lost within {slurm}")
+    out.append(f"- SLURM: a node whose ranks died is confirmed lost within {slurm}; the nodes SLURM reports "
+               f"within the settle window {t['settle_s']:.1f} s of the first are one recovery")
     return out

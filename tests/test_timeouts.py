@@ -1,0 +1,98 @@
+"""The failover timeout ladder (plan/timeouts.py): derived in order from the plan's step and save,
+refused when what was set breaks the order, printed in plan.md, and the one the SLURM supervisor
+waits by; and the goodput prediction that reads it (plan/goodput.py)."""
+import sys
+
+import pytest
+
+from conftest import ROOT, plan_of, run_cli
+
+TINY = ["hardware=cpu", "model=tiny", "figures=false"]
+
+
+def _ordered(t):
+    return t["settle_s"] < t["quorum_s"] < t["collective_s"] and t["hang_deadline_s"] < t["collective_s"]
+
+
+@pytest.mark.parametrize("overrides", [TINY, ["recipe=llama3_405b"]])
+def test_the_derived_ladder_is_ordered_and_the_runtime_reads_it(overrides):
+    plan = plan_of(*overrides)
+    t = plan.blast_radius["timeouts"]
+    assert plan.valid and _ordered(t), t
+    assert set(t["derived"]) == {"progress_deadline_s", "quorum_s", "timeout_s"}
+    fo = plan.spec.failover  # resolved: what the coordinator and the collectives are given
+    assert fo.timeout_s == t["collective_s"] and fo.quorum_s == t["quorum_s"]
+
+
+@pytest.mark.parametrize("overrides, keys", [
+    (["failover.progress_deadline_s=30", "failover.timeout_s=20"],
+     ["failover.progress_deadline_s, failover.timeout_s"]),
+    (["failover.quorum_s=50", "failover.timeout_s=40"], ["failover.quorum_s, failover.timeout_s"]),
+    (["failover.quorum_s=1"], ["failover.quorum_s"]),  # not above the settle window (1.5 s here)
+])
+def test_a_ladder_out_of_order_is_refused_with_its_keys(overrides, keys):
+    plan = plan_of(*TINY, *overrides)
+    assert not plan.valid and not _ordered(plan.blast_radius["timeouts"])
+    assert sorted(e.key for e in plan.errors) == sorted(keys), plan.errors
+
+
+def test_the_cli_refuses_a_ladder_out_of_order_with_exit_2(tmp_path):
+    r = run_cli([*TINY, "failover.progress_deadline_s=30", "failover.timeout_s=40", "failover.quorum_s=50"],
+                tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "REJECTED" in r.stderr and "[failover.quorum_s, failover.timeout_s]" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_plan_md_prints_the_ladder_and_the_goodput(tmp_path):
+    from orchestrator.report.artifacts import write_plan
+
+    plan = plan_of("recipe=llama3_405b")
+    t = plan.blast_radius["timeouts"]
+    write_plan(plan, tmp_path, figures=False)
+    md = (tmp_path / "plan.md").read_text()
+    assert "failover timeouts:" in md
+    assert (f"settle window {t['settle_s']:.1f} s < quorum {t['quorum_s']:.1f} s (derived) < collective timeout "
+            f"{t['collective_s']:.1f} s (derived); hang deadline {t['hang_deadline_s']:.1f} s (derived)") in md
+    assert "goodput: predicted ETTR" in md
+
+
+def test_the_slurm_supervisor_settles_by_the_plans_window(tmp_path):
+    """The settle window SLURM failures are gathered in is plan.md's W (below the quorum), not one
+    derived from SLURM's node-down wait (16.5 s by default, above a 10 s quorum)."""
+    from orchestrator.launch.srun import SrunWorkers
+    from orchestrator.plan.timeouts import from_plan
+
+    plan = plan_of(*TINY, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=1")
+    workers = SrunWorkers(plan.spec, tmp_path, ["n1", "n2"])
+    workers.timeouts(plan.to_json())
+    t = plan.blast_radius["timeouts"]
+    assert workers.settle == t["settle_s"] < t["quorum_s"] and workers.deadline == t["hang_deadline_s"]
+    bare = {"step": {"wall_s": plan.step.wall_s}, "blast_radius": {"checkpoint_seconds": 0.0}}  # an older plan.json
+    assert from_plan(bare, plan.spec.failover)["settle_s"] <= t["settle_s"] + 1e-9
+
+
+def test_goodput_weighs_the_llama3_failure_mix_by_kind():
+    from orchestrator.plan import goodput
+
+    assert sum(n for _, n, _ in goodput.LLAMA3_TABLE5) == 419  # Llama 3, section 3.3.4, Table 5
+    shares = goodput.mix_shares()
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["crash"] == pytest.approx(324 / 419)
+    plan = plan_of("recipe=llama3_405b")
+    t, g = plan.blast_radius["timeouts"], goodput.goodput(plan)
+    cost = {k: v["in_place_s"] for k, v in g["by_kind"].items()}
+    assert g["in_place"] and cost["crash"] == pytest.approx(g["rebuild_s"] + plan.step.wall_s)
+    assert cost["partition"] == pytest.approx(cost["crash"] + t["collective_s"] + t["quorum_s"])
+    assert cost["drain"] == cost["crash"] < cost["hang"] < cost["node"] <= cost["partition"]  # a drain is planned
+    assert 0.9 < g["predicted_ettr"] < 1.0 and 0 < g["restart_share"] < 0.5
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import failover_sim
+
+    assert failover_sim.LLAMA3_TABLE5 is goodput.LLAMA3_TABLE5  # the benchmark replays the plan's mix
+
+
+def test_erlang_loss():
+    from orchestrator.plan.goodput import erlang_b
+
+    assert erlang_b(0, 1.3) == 1.0 and erlang_b(1, 1.0) == pytest.approx(0.5)
+    assert erlang_b(3, 1.3) == pytest.approx((1.3 ** 3 / 6) / (1 + 1.3 + 1.3 ** 2 / 2 + 1.3 ** 3 / 6))
