@@ -655,7 +655,8 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
     """Llama 3's 419 interruptions over 54 days on 16,384 GPUs (the same mix at the same rate per GPU
     for another size): each costs its kind's simulated delay (delay_s: how much later the first step
     the new generation commits does than it would have without the failure); with no warm spare
-    left, or the supervisor's node, a restart from the last checkpoint (the plan's Young/Daly interval). ETTR = productive time / wall time. Warm spares:
+    left, or the supervisor's node (a node or partition failure one time in `nodes`), a restart from
+    the last checkpoint (the plan's Young/Daly interval). ETTR = productive time / wall time. Warm spares:
     the plan's (plan/goodput.spare_copies: sized to the repair pipeline unless cluster.spare_nodes)."""
     plan, rng = plan_of(name), random.Random(seed)
     br = plan.blast_radius
@@ -675,7 +676,8 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
     for t, kind in zip(times, kinds):
         pool += sum(1 for b in back if b <= t)
         back = [b for b in back if b > t]
-        supervisor_hit = rng.random() < 1.0 / plan.spec.cluster.nodes
+        # the node (and, one time in `nodes`, the supervisor on it) gone: plan/goodput.SUPERVISOR_KINDS
+        supervisor_hit = kind in goodput.SUPERVISOR_KINDS and rng.random() < 1.0 / plan.spec.cluster.nodes
         if supervisor_hit or pool == 0:
             restarts += 1
             lost += restart + (CONSTANTS["requeue_s"] if supervisor_hit else 0.0)

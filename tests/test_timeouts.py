@@ -78,17 +78,24 @@ def test_goodput_weighs_the_llama3_failure_mix_by_kind():
     assert sum(n for _, n, _ in goodput.LLAMA3_TABLE5) == 419  # Llama 3, section 3.3.4, Table 5
     shares = goodput.mix_shares()
     assert sum(shares.values()) == pytest.approx(1.0) and shares["crash"] == pytest.approx(324 / 419)
-    plan = plan_of("recipe=llama3_405b")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import failover_sim
+
+    assert failover_sim.LLAMA3_TABLE5 is goodput.LLAMA3_TABLE5  # the benchmark replays the plan's mix
+    plan = plan_of(*failover_sim.CONFIGS["16k-128"])  # 405B, 128 copies of the state (dp_shard=1)
     t, g = plan.blast_radius["timeouts"], goodput.goodput(plan)
     cost = {k: v["in_place_s"] for k, v in g["by_kind"].items()}
     assert g["in_place"] and cost["crash"] == pytest.approx(g["rebuild_s"] + plan.step.wall_s)
     assert cost["partition"] == pytest.approx(cost["crash"] + t["collective_s"] + t["quorum_s"])
     assert cost["drain"] == cost["crash"] < cost["hang"] < cost["node"] <= cost["partition"]  # a drain is planned
     assert 0.9 < g["predicted_ettr"] < 1.0 and 0 < g["restart_share"] < 0.5
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import failover_sim
-
-    assert failover_sim.LLAMA3_TABLE5 is goodput.LLAMA3_TABLE5  # the benchmark replays the plan's mix
+    # the supervisor's node is taken only by the kinds that take a node away (1 in `nodes` of them)
+    mix = [("a", 1, "crash")]
+    assert goodput.goodput(plan, mix)["restart_share"] == pytest.approx(
+        goodput.erlang_b(g["spare_copies"], goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600)))
+    one_copy = plan_of("recipe=llama3_405b")  # FSDP over all 64 DP ranks: one copy, so every failure restarts
+    g1 = goodput.goodput(one_copy)
+    assert not g1["in_place"] and g1["restart_share"] == 1.0 and g1["predicted_ettr"] < g["predicted_ettr"]
 
 
 def test_erlang_loss():

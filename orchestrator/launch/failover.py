@@ -27,6 +27,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from orchestrator.plan.replan import why_not_in_place
+
 
 # ---- failures and node states -------------------------------------------------------------
 NODE_LOST, CRASH, HANG, DRAINED = "node_lost", "crash", "hang", "drained"
@@ -107,21 +109,7 @@ def excluded_nodes(history, now: float | None = None) -> list:
     return sorted(drained | set(flapping(history, now)), key=str)
 
 
-# ---- in place ------------------------------------------------------------------------------
-def why_not_in_place(plan) -> str | None:
-    """Why this plan cannot lose a copy in place (None: it can)."""
-    d, fo = plan.layout, plan.spec.failover
-    if plan.spec.trainer.name.value != "orchestrator":
-        return (f"in place needs the built-in runtime (trainer={plan.spec.trainer.name.value} restarts on the "
-                f"survivors and resumes from its own checkpoint)")
-    if not fo.enabled or not fo.in_place:
-        return "failover.in_place is off"
-    if d.dp_replicate < 2:
-        return (f"the model state has one copy (layout.dp_shard={d.dp_shard} = dp): losing a rank loses part of it; "
-                f"set layout.dp_shard to a divisor of {d.dp} below it to keep whole copies")
-    if d.ep > 1:
-        return "expert-parallel groups span the copies of the state"
-    return None
+# ---- in place (why_not_in_place: plan/replan.py, which the plan's goodput reads too) ---------
 
 
 def copies_short(plan, alive: int, spares: int = 0) -> str | None:

@@ -19,7 +19,8 @@ from orchestrator.rundir import EXIT_INCOMPLETE, EXIT_STOPPED
 from orchestrator.rundir import events
 from orchestrator.launch.manifest import record_attempt
 from orchestrator.launch import failover
-from orchestrator.launch.failover import Failure, why_not_in_place
+from orchestrator.launch.failover import Failure
+from orchestrator.plan.replan import why_not_in_place
 from orchestrator.launch.inplace import InPlace
 from orchestrator.launch.status import steps_completed, write_status
 from orchestrator.rundir import checkpoints as ckpt

@@ -28,13 +28,14 @@ and then the generation's groups are rebuilt (REBUILD_STORE_OPS per rank through
 store, train/replicas.py) and the step in flight (the one the change began in) is redone. A restart from the last checkpoint
 (not in place, no warm spare left to take over, or the supervisor's node lost) costs the same
 wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone
-(plus REQUEUE_S when the supervisor's node is lost: SLURM requeues the job). A plan that is not
+(plus REQUEUE_S when the supervisor's node is lost on SLURM: the job is requeued). A plan that is not
 in place loses nothing to a drain (the node trains on and is left out of the next launch).
 
 Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
 repair pipeline (spare_copies: failures per REPAIR_S, plus one). Every failure takes its node out
 for REPAIR_S; a failure that finds the pool empty restarts (the Erlang loss formula, for failures
-at the job's MTBF). The supervisor lives on the first node: one failure in `nodes` hits it.
+at the job's MTBF). The supervisor lives on the first node: one node or partition failure in
+`nodes` takes it away (crashes, hangs and drains leave it running).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ LLAMA3_TABLE5 = [("faulty GPU", 148, "crash"), ("GPU HBM3 memory", 72, "crash"),
                  ("CPU", 2, "node"), ("system memory", 2, "node")]
 FAILURE_MIX = LLAMA3_TABLE5  # the mix the prediction weighs by
 KINDS = ("crash", "node", "hang", "partition", "drain")
+SUPERVISOR_KINDS = ("node", "partition")  # the kinds that take the node away: the supervisor's too, if it is there
 
 # Stated, not derived (the plan knows nothing that sets them):
 REBUILD_STORE_OPS = 3  # store operations per rank to rebuild a generation's groups (train/replicas.py)
@@ -73,10 +75,9 @@ def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
 def spare_copies(plan) -> tuple[int, str]:
     """The warm spare copies a lost copy is replaced from: cluster.spare_nodes' whole copies, or
     where none are set, the pool sized to the repair pipeline (failures per REPAIR_S, plus one)."""
-    br, hw = plan.blast_radius, plan.spec.hardware
-    per_copy = max(1, -(-br["gpus_per_replica"] // hw.gpus_per_node))  # nodes a copy spans
-    if plan.spec.cluster.spare_nodes:
-        return plan.spec.cluster.spare_nodes // per_copy, "cluster.spare_nodes"
+    br, d, gpn = plan.blast_radius, plan.layout, plan.spec.hardware.gpus_per_node
+    if plan.spec.cluster.spare_nodes:  # a copy of the state: tp x cp x pp x dp_shard GPUs (launch/inplace.copy_size)
+        return plan.spec.cluster.spare_nodes * gpn // (d.tp * d.cp * d.pp * d.dp_shard), "cluster.spare_nodes"
     mtbf_s = br["job_mtbf_hours"] * 3600.0
     if not math.isfinite(mtbf_s) or mtbf_s <= 0:
         return 1, "one (no failure rate)"
@@ -109,9 +110,11 @@ def waits(plan, t: dict | None = None) -> dict[str, float]:
 
 def goodput(plan, mix=FAILURE_MIX) -> dict:
     """The predicted effective training time ratio and what a failure costs (module docstring)."""
-    br, fo = plan.blast_radius, plan.spec.failover
+    from orchestrator.plan.replan import why_not_in_place
+
+    br = plan.blast_radius
     step_s = plan.step.wall_s
-    in_place = br["replicas"] > 1 and fo.enabled and fo.in_place and plan.layout.ep == 1
+    in_place = why_not_in_place(plan) is None  # the launchers' own rule (copies, built-in runtime, no EP)
     every = br["checkpoint_interval_s"]
     if not every:
         return {"in_place": in_place, "lost_per_failure_s": 0.0, "predicted_ettr": 1.0}
@@ -124,14 +127,18 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
     spares, spares_from = spare_copies(plan)
     p_empty = erlang_b(spares, REPAIR_S / mtbf_s) if in_place else 1.0
-    p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)  # the supervisor's node: the job is requeued
-    lost_restart = sum(shares[k] * restart[k] for k in shares)
-    lost_kept = sum(shares[k] * kept[k] for k in shares)
-    lost = (p_supervisor * (restart["node"] + REQUEUE_S)
-            + (1 - p_supervisor) * ((1 - p_empty) * lost_kept + p_empty * lost_restart))
+    # A failure that takes its node away (node, partition) takes the supervisor with it one time in
+    # `nodes`: the job starts again (on SLURM, requeued). A crash, hang or drain leaves it running.
+    p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)
+    requeue = REQUEUE_S if plan.spec.launcher.name.value == "slurm" else 0.0
+    cost = {k: (1 - p_empty) * kept[k] + p_empty * restart[k] for k in shares}
+    for k in SUPERVISOR_KINDS:
+        cost[k] = p_supervisor * (restart[k] + requeue) + (1 - p_supervisor) * cost[k]
+    lost = sum(shares[k] * cost[k] for k in shares)
     ettr = (1 - ckpt_s / every) * max(0.0, 1 - lost / mtbf_s)
     return {"in_place": in_place, "lost_per_failure_s": lost, "predicted_ettr": ettr,
             "by_kind": {k: {"share": shares[k], "in_place_s": kept[k] if in_place else None, "restart_s": restart[k]}
                         for k in shares},
             "spare_copies": spares if in_place else 0, "spares_from": spares_from if in_place else "",
-            "restart_share": p_supervisor + (1 - p_supervisor) * p_empty, "rebuild_s": rebuild}
+            "restart_share": p_empty + (1 - p_empty) * p_supervisor * sum(shares[k] for k in SUPERVISOR_KINDS),
+            "rebuild_s": rebuild}

@@ -62,6 +62,22 @@ def with_batch(spec: Config, batch: Batch, **training) -> Config:
         **training))
 
 
+def why_not_in_place(plan) -> str | None:
+    """Why this plan cannot lose a copy in place (None: it can)."""
+    d, fo = plan.layout, plan.spec.failover
+    if plan.spec.trainer.name.value != "orchestrator":
+        return (f"in place needs the built-in runtime (trainer={plan.spec.trainer.name.value} restarts on the "
+                f"survivors and resumes from its own checkpoint)")
+    if not fo.enabled or not fo.in_place:
+        return "failover.in_place is off"
+    if d.dp_replicate < 2:
+        return (f"the model state has one copy (layout.dp_shard={d.dp_shard} = dp): losing a rank loses part of it; "
+                f"set layout.dp_shard to a divisor of {d.dp} below it to keep whole copies")
+    if d.ep > 1:
+        return "expert-parallel groups span the copies of the state"
+    return None
+
+
 def replan_with(plan, dp: int, nodes: int, dp_shard: int | None):
     """The one re-plan, for a restart on the survivors and for a generation decided in place:
     `plan` with `dp` replicas on `nodes` nodes, TP, CP, PP, VP, EP and ETP kept, copies of
