@@ -642,10 +642,19 @@ class Sim:
         return out
 
 
+def wait_bound_s(name: str) -> float:
+    """The longest any wait may take: the plan's ladder (collective timeout, quorum, settle window,
+    plan/timeouts.py) plus SLURM naming a dead node and the supervisor's poll (CONSTANTS, the
+    shims'). Printed beside each scenario's detection, longest wait and recovery."""
+    plan = plan_of(name)
+    fo, t = plan.spec.failover, plan.blast_radius["timeouts"]
+    return fo.timeout_s + fo.quorum_s + t["settle_s"] + CONSTANTS["node_down_s"] + plan.spec.launcher.poll_s
+
+
 def scenario(name: str, kind: str, seed: int = 0) -> dict:
     sim = Sim(name, kind, seed=seed)
     try:
-        return {"config": name, **sim.run()}
+        return {"config": name, **sim.run(), "wait_bound_s": round(wait_bound_s(name), 3)}
     except RuntimeError as e:  # a stall is a result: not recovered, and what was left waiting
         return {"config": name, "scenario": kind, "ranks": sim.N, "copies": sim.R, "recovered": False,
                 "error": str(e)[:2000], "step_s": round(sim.step_s, 3)}
@@ -716,8 +725,8 @@ def main() -> None:
         return
     print("constants (stated; store_ops_s measured when torch is there):",
           ", ".join(f"{k}={v:g}" for k, v in CONSTANTS.items()))
-    cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "steps_lost",
-            "healthy_evicted", "commit_p50_s", "commit_p99_s", "step_s"]
+    cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "wait_bound_s",
+            "max_wait_s", "steps_lost", "healthy_evicted", "commit_p50_s", "commit_p99_s", "step_s"]
     print(" ".join(f"{c:>15s}" for c in cols))
     for r in rows:
         print(" ".join(f"{_fmt(r.get(c)):>15s}" for c in cols))

@@ -34,19 +34,19 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
         assert r["generations"] == 0 and r["detected_s"] is None
     else:
         assert r["generations"] >= 1 and r["detected_s"] is not None
-        assert r["detected_s"] <= _bound() and r["recovery_s"] <= 2 * _bound(), r
-    assert r["max_wait_s"] <= _bound(), r  # no leader waited longer
+        # the failure is decided within the ladder's waits (a deadline, not a speed), and only then recovered
+        assert r["detected_s"] <= r["wait_bound_s"] and r["detected_s"] <= r["recovery_s"], r
+    assert r["max_wait_s"] <= r["wait_bound_s"], r  # no wait without end: no leader waited past the ladder
+    # (how long recovery takes is the benchmark's to print: failover_sim.py, recovery_s beside wait_bound_s)
 
 
-def _bound() -> float:
-    """Every wait is bounded by the plan's ladder: the collective's timeout, the quorum window and
-    the settle window (plan.spec.failover, blast_radius.timeouts), and SLURM's node-down time with
-    the supervisor's poll (the shims' CONSTANTS), never without end."""
+def test_the_simulation_waits_by_the_plans_ladder():
     plan = failover_sim.plan_of("2k-8")
     fo, t = plan.spec.failover, plan.blast_radius["timeouts"]
     assert fo.timeout_s == t["collective_s"] and fo.quorum_s == t["quorum_s"]
-    return (fo.timeout_s + fo.quorum_s + t["settle_s"] + failover_sim.CONSTANTS["node_down_s"]
-            + plan.spec.launcher.poll_s)
+    assert failover_sim.wait_bound_s("2k-8") == pytest.approx(
+        t["collective_s"] + t["quorum_s"] + t["settle_s"] + failover_sim.CONSTANTS["node_down_s"]
+        + plan.spec.launcher.poll_s)
 
 
 def test_the_llama3_failure_mix_keeps_ettr_and_the_plan_predicts_it(rows):

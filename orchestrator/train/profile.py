@@ -104,6 +104,6 @@ class StepProfiler:
 
             got = summarize(self.prof.events(), self.lay)
             if got:
-                (self.run_dir / rundir.PROFILE_JSON).write_text(rundir.dumps(dict(got, step=step), indent=1))
+                rundir.write_json(self.run_dir / rundir.PROFILE_JSON, dict(got, step=step), indent=1)
             self.prof = None
         return out

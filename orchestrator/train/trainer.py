@@ -471,13 +471,13 @@ class Trainer:
 
     def _finish(self, start: int) -> None:
         if self.leader:
-            (self.run_dir / rundir.METRICS_JSON).write_text(rundir.dumps({
+            rundir.write_json(self.run_dir / rundir.METRICS_JSON, {
                 "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
                 **({"ep_bytes_per_rank": self.history["ep_bytes_per_rank"]} if "ep_bytes_per_rank" in self.history
                    else {}),
                 "attempt": self.attempt,
                 "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")},
-            }, indent=1))
+            }, indent=1)
         dist.barrier()  # DCP and gloo exit cleanly only after everyone is done (torch 2.13, gloo:
         # without it about half of 4-rank runs aborted at exit in DCP's teardown)
         dist.destroy_process_group()
