@@ -1,16 +1,17 @@
 """Predicted (from measured components) against measured steps of tiny-model layouts on this machine.
 
 First `orchestrate-calibrate --probe` (orchestrator/probe.py) measures this machine's GEMM rate,
-memory bandwidth, per-op overhead and gloo collectives and builds the site preset; then each
-layout below trains a few steps of `model=tiny` with launcher=local (one at a time, nice), and
-the script prints, per layout, the step the site preset predicts (and its parts), the fastest
-measured step (first step and the two profiled ones left out; the host is shared, so the least
-disturbed step is the measurement, the median beside it), their ratio, the stock `cpu` preset's
-prediction, the cores' worth the probe found for its ranks, and the profiled step's measured parts
-(profile.json). By default the probe runs again right before each layout, at the runs' priority,
-so both see the same other load. Nothing is fitted on these runs.
+memory bandwidth, per-op overhead, gloo collectives and the runtime's own model under each
+parallelism, three times seconds apart, each figure the quietest of them, and builds the site
+preset; then each layout below trains `--steps` steps of `model=tiny` with launcher=local,
+`--runs` times, one at a time. The measurement is the fastest step of its runs (first step and
+the two profiled ones left out): on a shared host other load comes and goes over seconds, and
+both sides take the machine at its quietest. The script prints, per layout, the predicted step
+(and its parts), the measurement, their ratio, the median step, the stock `cpu` preset's
+prediction, and the profiled step's measured parts (profile.json); then how many layouts are
+within 20%. Nothing is fitted on these runs.
 
-Run: .venv/bin/python benchmarks/probe_fit.py [--steps 8] [--probe-once] [--ranks 2]
+Run: .venv/bin/python benchmarks/probe_fit.py [--steps 12] [--runs 2] [--repeat 3] [--ranks 2]
 """
 from __future__ import annotations
 
@@ -39,11 +40,10 @@ LAYOUTS = {  # name -> overrides (1-8 ranks)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--runs", type=int, default=2, help="runs of each layout (the fastest step of all counts)")
+    ap.add_argument("--repeat", type=int, default=3, help="probes (each figure the quietest of them)")
     ap.add_argument("--ranks", type=int, default=2, help="processes for the gloo probe")
-    ap.add_argument("--nice", type=int, default=10, help="niceness of the probe and the runs (both the same)")
-    ap.add_argument("--probe-once", dest="probe_each", action="store_false",
-                    help="one probe for every layout (default: probe again before each run)")
     args = ap.parse_args()
     from omegaconf import OmegaConf
 
@@ -56,43 +56,41 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="probe_fit_"))
     base = to_dict(compose(["hardware=cpu"]))["hardware"]
     common = ["model=tiny", f"training.steps={args.steps}", "figures=false"]
-
-    def probe(name: str) -> tuple[list[str], dict]:
-        """The probe at the runs' own priority (--nice), just before the run: on a shared host the
-        other load changes by the minute, and probe and run should see the same."""
-        out = tmp / f"hardware-site-{name}.yaml"
-        subprocess.run(["nice", "-n", str(args.nice), sys.executable, "-m", "orchestrator.measure", "--probe", "--ranks",
-                        str(args.ranks), "--write", str(out)], cwd=ROOT, check=True, capture_output=True)
-        hw = OmegaConf.to_container(OmegaConf.load(out))
-        return probe_overrides(hw, base), hw
-
-    site, hw = probe("first")
-    if not args.probe_each:
-        print("site preset: " + " ".join(site))
+    out = tmp / "hardware-site.yaml"
+    subprocess.run([sys.executable, "-m", "orchestrator.measure", "--probe", "--ranks", str(args.ranks), "--repeat",
+                    str(args.repeat), "--write", str(out)], cwd=ROOT, check=True, capture_output=True)
+    hw = OmegaConf.to_container(OmegaConf.load(out))
+    site = probe_overrides(hw, base)
+    print(f"site preset ({hw['host_cores']:g} cores' worth for 2 ranks): " + " ".join(site))
+    ratios: dict[str, float] = {}
     print(f"\n{'layout':<9} {'predicted':>10} {'measured':>10} {'meas/pred':>9} {'median':>8} {'stock':>8} "
-          f"{'cores':>6}   predicted parts | measured parts of the profiled step (s)")
+          f"  predicted parts | measured parts of the profiled step (s)")
     for name, lay in LAYOUTS.items():
-        if args.probe_each:
-            site, hw = probe(name)
         plan = make_plan(compose(site + common + lay))
-        run = tmp / name
-        r = subprocess.run(["nice", "-n", str(args.nice), sys.executable, "-m", "orchestrator", *site, *common, *lay,
-                            "launcher=local", f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=600)
-        steps = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
+        steps, failed = [], ""
+        for k in range(args.runs):
+            run = tmp / f"{name}-{k}"
+            r = subprocess.run([sys.executable, "-m", "orchestrator", *site, *common, *lay, "launcher=local",
+                                f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+            got = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
+            steps += got[1:] or got  # the fastest step after each run's first: the least disturbed
+            failed = failed or ("" if got else r.stderr[-200:])
         if not steps:
-            print(f"{name:<9} {plan.step.wall_s:10.3f} {'failed':>10}   {r.stderr[-200:]}")
+            print(f"{name:<9} {plan.step.wall_s:10.3f} {'failed':>10}   {failed}")
             continue
         med = step_stats(steps)["median_s"]
-        meas = min(steps[1:] or steps)  # the fastest step after the first: the least disturbed by other load
+        meas = min(steps)
         stock = make_plan(compose(["hardware=cpu"] + common + lay)).step.wall_s
         parts = " ".join(f"{k} {v:.3f}" for k, v in plan.step.wall.items() if v > 0)
         prof = run / PROFILE_JSON
         got = " ".join(f"{k} {v:.3f}" for k, v in json.loads(prof.read_text())["parts_s"].items() if v > 1e-4) \
             if prof.exists() else "-"
+        ratios[name] = meas / plan.step.wall_s
         print(f"{name:<9} {plan.step.wall_s:10.3f} {meas:10.3f} {meas / plan.step.wall_s:9.2f} {med:8.3f} "
-              f"{stock:8.3f} {hw['host_cores']:6.2f}   {parts} | {got}", flush=True)
-    print(f"\nrun directories under {tmp}")
+              f"{stock:8.3f}   {parts} | {got}", flush=True)
+    inside = [k for k, r in ratios.items() if 0.8 <= r <= 1.2]
+    print(f"\nwithin 20% of measured: {len(inside)} of {len(ratios)} layouts ({', '.join(inside)})")
+    print(f"run directories under {tmp}")
 
 
 if __name__ == "__main__":

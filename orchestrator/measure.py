@@ -1,11 +1,13 @@
 """Measured feeds back: compare finished runs with their plans and refit the efficiency.
 
     orchestrate-calibrate RUN_DIR [RUN_DIR ...] [--write PATH]
-    orchestrate-calibrate --probe [--ranks N] [--write PATH]
+    orchestrate-calibrate --probe [--ranks N] [--repeat K] [--write PATH]
 
 `--probe` measures this machine's components instead (orchestrator/probe.py: GEMM rate,
 memory bandwidth, per-op overhead, gloo latency and bandwidth between N local processes,
-each collective call's host time as the runtime issues it, the cores' worth they get) and writes a site preset built on `hardware=cpu` with them, by
+each collective call's host time as the runtime issues it, the runtime's own model under each
+parallelism, the cores' worth they get; K probes, each figure the quietest of them) and writes a
+site preset built on `hardware=cpu` with them, by
 default to outputs/probe/hardware-site.yaml under the working directory; its overrides are
 printed as one line too, so it can be used without copying it into conf/hardware/.
 
@@ -89,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", type=Path, help="write the refit hardware preset here "
                                                "(default: RUN_DIR/hardware-NAME-calibrated.yaml of the first run)")
     ap.add_argument("--probe", action="store_true", help="measure this machine's components, write a site preset")
-    ap.add_argument("--ranks", type=int, default=2, help="local processes for the gloo probe (2-4)")
+    ap.add_argument("--ranks", type=int, default=2, help="local processes for the gloo probe (2, 4, 6 or 8)")
+    ap.add_argument("--repeat", type=int, default=3, help="probes, seconds apart; each figure the quietest of them")
     args = ap.parse_args(argv)
     if args.probe:
-        return run_probe(args.ranks, args.write)
+        return run_probe(args.ranks, args.write, args.repeat)
     if not args.runs:
         print("error: name run directories to refit from, or --probe to measure this machine", file=sys.stderr)
         return 2
@@ -147,29 +150,37 @@ def probe_overrides(hw: dict, base: dict) -> list[str]:
     return ["hardware=cpu"] + [f"hardware.{k}={v}" for k, v in hw.items() if k != "name" and base.get(k) != v]
 
 
-def run_probe(ranks: int, write: Path | None) -> int:
+def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
     from omegaconf import OmegaConf
 
     from orchestrator.config.compose import compose, to_dict
-    from orchestrator.probe import probe, site_preset
+    from orchestrator.probe import derive, probe, quietest, site_preset
 
-    if not 2 <= ranks <= 8:
-        print(f"error: --ranks {ranks}: the gloo probe runs 2 to 8 local processes. Fix: --ranks 2", file=sys.stderr)
+    if not (2 <= ranks <= 8 and ranks % 2 == 0):
+        print(f"error: --ranks {ranks}: the gloo probe runs 2, 4, 6 or 8 local processes (the model is measured "
+              f"under TP and CP over pairs of them). Fix: --ranks 2", file=sys.stderr)
+        return 2
+    if not 1 <= repeat <= 20:
+        print(f"error: --repeat {repeat}: the probe runs 1 to 20 times. Fix: --repeat 3", file=sys.stderr)
         return 2
     t = time.perf_counter()
-    measured = probe(ranks)
+    measured = derive(quietest([probe(ranks) for _ in range(repeat)]))
     base = to_dict(compose(["hardware=cpu"]))["hardware"]
     hw = site_preset(measured, base)
     g = measured["gloo"]
-    print(f"probe ({time.perf_counter() - t:.1f} s): GEMM " + ", ".join(
+    print(f"probe ({repeat} x, the quietest of each figure; {time.perf_counter() - t:.1f} s): GEMM " + ", ".join(
         f"{n}^3 {r * 1e3:.2f}" for n, r in measured["gemm_tflops"].items()) + " GFLOP/s; memory "
           f"{measured['hbm_gbps']:.1f} GB/s; {measured['op_overhead_us']:.1f} us per bare op, "
           f"{measured['layer_op_us']:.1f} us per kernel of "
           f"the runtime's block (fwd+bwd); gloo "
           f"all-reduce over {g['ranks']} processes {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
           f"per call as the runtime issues it: DTensor redistribute {g['tp_call_us']:.0f} us, "
-          f"+{g['dtensor_op_us']:.1f} us per DTensor op, c10d {g['c10d_call_us']:.0f} us, FSDP2 unit "
+          f"+{g['dtensor_op_us']:.1f} us per DTensor op in the model ({g['bare_dtensor_op_us']:.1f} us bare), "
+          f"c10d {g['c10d_call_us']:.0f} us, CP's {g['cp_call_us']:.0f} us, FSDP2 unit "
           f"gathers {g['fsdp_gather_us']:.0f} us per micro-batch, reduce-scatter {g['fsdp_reduce_us']:.0f} us; "
+          f"AdamW {g['optimizer_us']:.0f} us per parameter tensor, +{g['dtensor_optimizer_us']:.0f} us as a DTensor; "
+          f"the pipelining schedule {g['pp_microbatch_us']:.0f} us per micro-batch; "
+          f"the runtime's model (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in g["model_ms"].items()) + "; "
           f"{measured['host_cores']:g} cores' worth for the ranks ({measured['cores_allowed']} allowed)")
     out = write or Path("outputs") / "probe" / "hardware-site.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)

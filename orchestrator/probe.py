@@ -15,9 +15,19 @@ collective model need, on this machine, in processes set up as the runtime's ran
 - gloo all-reduce between `ranks` local processes: 8 bytes (latency -> the tiers' latency)
   and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s);
 - each collective call as the runtime issues it, between pieces of work, at the tiny model's
-  sizes (runtime_calls: DTensor redistribute, a DTensor op's extra dispatch, plain c10d calls,
-  FSDP2's per-unit gathers and reduce-scatter) -> `tp_call_us`, `dtensor_op_us`, `c10d_call_us`,
-  `fsdp_gather_us`, `fsdp_reduce_us` (plan/overheads.py counts the calls per layout);
+  sizes (runtime_calls: a DTensor redistribute, a plain c10d call) -> `tp_call_us`,
+  `c10d_call_us` (plan/overheads.py counts the calls per layout);
+- the runtime's own model (model=tiny: its blocks, embedding, head and loss, one micro-batch
+  forward and backward with the loss read as the trainer reads it) in every rank at once, plain,
+  under TP (apply_tp, loss_parallel), under CP (apply_cp) and under FSDP2 (apply_fsdp, gradient
+  sync off and on) over pairs of ranks, as two pipeline stages under torch's 1F1B
+  (pipeline_calls), and an AdamW step over its parameters plain and as TP's DTensors
+  (model_calls): what each costs above the plain model beyond the calls counted above is
+  DTensor's dispatch per op (`dtensor_op_us`, over the kernels the shape model counts), CP's
+  per collective as the attention issues it (`cp_call_us`), FSDP2's per unit and micro-batch
+  (`fsdp_gather_us`) and per unit and step (`fsdp_reduce_us`), the schedule's per micro-batch
+  (`pp_microbatch_us`) and the optimizer's per parameter tensor (`optimizer_us`,
+  `dtensor_optimizer_us`);
 - the cores' worth the ranks get (`host_cores`): the same work in `ranks` processes at once
   against one alone, so other load on a shared host counts (ranks beyond it share the time).
 
@@ -30,7 +40,9 @@ import socket
 import time
 
 
-CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us")
+CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us", "cp_call_us",
+             "optimizer_us", "dtensor_optimizer_us", "pp_microbatch_us")
+PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
 
 
 def _best(fn, repeat: int = 5, number: int = 3) -> float:
@@ -82,21 +94,21 @@ def layer_op_us() -> float:
     the ops are what a tiny model's step costs on a CPU, far above a bare op's dispatch."""
     import torch
 
-    from orchestrator.config.compose import compose
+    from orchestrator.config.compose import compose, typed
     from orchestrator.plan.kernels import layer_features, shape_of
     from orchestrator.plan.model import ModelMath
     from orchestrator.plan.plan import plan_spec
     from orchestrator.train.model import Block
 
     torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
-    spec = compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=1",
-                    "hardware.kernel_model=shape"])
+    spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=1",
+                          "hardware.kernel_model=shape"]))
     plan = plan_spec(spec)
     tr = spec.training
     count = layer_features(ModelMath(spec.model), False, shape_of(plan.layout, tr, spec.hardware, spec)).kernels * 1e6
     block = Block(spec.model, 0)
     x = torch.randn(tr.micro_batch, tr.seq_len, spec.model.hidden, requires_grad=True)
-    return _best(lambda: block(x).sum().backward(), number=5) / count * 1e6
+    return _best(lambda: block(x).sum().backward(), repeat=9, number=5) / count * 1e6
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -113,6 +125,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     lat = _best(lambda: dist.all_reduce(small), repeat=5, number=40)
     bw_t = _best(lambda: dist.all_reduce(big), repeat=3, number=3)
     calls = runtime_calls(world)
+    models = model_calls(world, rank) + pipeline_calls(world)
     dist.barrier()
     t = time.perf_counter()
     for _ in range(10):  # every rank at once, as a run's ranks compute
@@ -121,30 +134,23 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.all_reduce(work, op=dist.ReduceOp.MAX)
     if rank == 0:
         with open(out, "w") as f:
-            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, float(work))))
+            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, *models, float(work))))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def runtime_calls(world: int) -> tuple[float, float, float, float, float]:
+def runtime_calls(world: int) -> tuple[float, float, float]:
     """Seconds per call of the collectives as the runtime issues them, at the tiny model's
     sizes (hidden 64, ffn 128, one 64-token micro-batch, fp32), each including its Python and
     dispatch around the wire, and each issued between pieces of work as the runtime issues them:
     ranks that computed arrive apart and gloo's threads wake, which costs several times a
     back-to-back call's latency on a loaded host: (DTensor redistribute, the mean of a sequence-parallel all-gather
     Shard(1) -> Replicate and reduce-scatter Partial -> Shard(1), as TP's layers run them;
-    one DTensor op's host time above the plain op's (a small matmul); a plain c10d all-gather
-    and all-reduce of a K/V-sized block, as context parallelism's attention runs them; FSDP2's
-    per-unit gather for one micro-batch's forward and backward (fully_shard on a two-linear
-    unit, reshard after forward, gradient sync off, minus the same unit unsharded); FSDP2's
-    per-unit gradient reduce-scatter (the same step with gradient sync on, minus off))."""
-    import warnings
-
+    one DTensor op's host time above the plain op's (a small matmul, printed beside the model's);
+    a plain c10d all-gather and all-reduce of a K/V-sized block (the pipeline's sends, the loss))."""
     import torch
     import torch.distributed as dist
-    from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     mesh = init_device_mesh("cpu", (world,))
@@ -173,28 +179,146 @@ def runtime_calls(world: int) -> tuple[float, float, float, float, float]:
     kv = torch.randn(1, seq // world, h)
     outs = [torch.empty_like(kv) for _ in range(world)]
     c10d = (call(lambda: dist.all_gather(outs, kv)) + call(lambda: dist.all_reduce(kv))) / 2
-    units = 4
+    return max((ag + rs) / 2, 0.0), max(op, 0.0), max(c10d, 0.0)
 
-    def stack():
-        torch.manual_seed(0)
-        return nn.Sequential(*[nn.Sequential(nn.Linear(h, 2 * h), nn.Linear(2 * h, h)) for _ in range(units)])
 
-    warnings.filterwarnings("ignore", message=".*returned a view tensor")  # the bare Sequential's output
-    x = torch.randn(1, seq, h)
-    plain = stack()
-    sharded = stack()
-    for u in sharded:
-        fully_shard(u, mesh=mesh, reshard_after_forward=True)
-    fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
-    base = _best(lambda: plain(x).sum().backward(), repeat=5, number=5)
+def model_calls(world: int, rank: int) -> tuple[float, ...]:
+    """Seconds of one micro-batch of the runtime's own model (model=tiny, orchestrator/train), in
+    every rank at once, as the trainer runs it (forward, loss_fn, backward, the loss read):
+    plain on the whole sequence, plain on a CP rank's share of it, under TP and under CP over
+    pairs of ranks (the runtime's apply_tp with loss_parallel, apply_cp with its token shard),
+    sharded by FSDP2 over the pair (apply_fsdp: each block and the root, resharded after
+    forward) with gradient sync off and on; and of one AdamW step over the plain model's and the
+    TP model's parameters (DTensors)."""
+    import contextlib
 
-    def fsdp(sync: bool):
-        sharded.set_requires_gradient_sync(sync)
-        sharded(x).sum().backward()
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
 
-    gather = (_best(lambda: fsdp(False), repeat=5, number=5) - base) / (units + 1)
-    reduce = (_best(lambda: fsdp(True), repeat=5, number=5) - base) / (units + 1) - gather
-    return max((ag + rs) / 2, 0.0), max(op, 0.0), max(c10d, 0.0), max(gather, 0.0), max(reduce, 0.0)
+    from orchestrator.config.compose import compose, typed
+    from orchestrator.train.model import Transformer, cp_shard
+    from orchestrator.train.parallel import apply_cp, apply_fsdp, apply_tp
+    from orchestrator.train.trainer import _scalar, loss_fn
+
+    spec = typed(compose(["hardware=cpu", "model=tiny"]))
+    cfg = spec.model
+    mesh = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"]
+    pair, pair_rank = mesh.get_group(), mesh.get_local_rank()
+    torch.manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab, (1, spec.training.seq_len + 1))
+    inp, lab = tokens[:, :-1], tokens[:, 1:]
+    cp_inp, cp_lab = cp_shard(inp, PAIR, pair_rank), cp_shard(lab, PAIR, pair_rank)
+
+    def timed(model, x, y, ctx=contextlib.nullcontext) -> float:
+        def step():
+            with ctx():
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                _scalar(loss)
+        step()
+        return _best(step, repeat=5, number=3)
+
+    def adam(model) -> float:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+        return _best(opt.step, repeat=5, number=3)
+
+    plain = Transformer(cfg)
+    whole, short = timed(plain, inp, lab), timed(plain, cp_inp, cp_lab)
+    opt_plain = adam(plain)
+    tp = Transformer(cfg)
+    apply_tp(tp, mesh, loss_parallel=True)
+    tp_mb = timed(tp, inp, lab, loss_parallel)
+    opt_tp = adam(tp)
+    cp = Transformer(cfg)
+    apply_cp(cp, pair, PAIR, pair_rank)
+    cp_mb = timed(cp, cp_inp, cp_lab)
+    fsdp = Transformer(cfg)
+    apply_fsdp(fsdp, mesh, reshard_after_forward=True, mp=None)
+    fsdp.set_requires_gradient_sync(False)  # as the trainer accumulates: gathers only
+    gathers = timed(fsdp, inp, lab)
+    fsdp.set_requires_gradient_sync(True)  # the last micro-batch: and the reduce-scatter
+    synced = timed(fsdp, inp, lab)
+    return whole, short, tp_mb, cp_mb, gathers, synced, opt_plain, opt_tp
+
+
+PIPE_MICROBATCHES = 8
+
+
+def pipeline_calls(world: int) -> tuple[float, float]:
+    """Seconds of a pipelined step and of one micro-batch of the slowest stage alone: pairs of
+    ranks hold the two halves of the runtime's model (Transformer.keep_only, as parallel.py cuts
+    stages) as torch's PipelineStage under Schedule1F1B (the runtime's pipeline module) over
+    PIPE_MICROBATCHES micro-batches; alone, each half runs a micro-batch's forward and backward
+    (the last with the loss) with no schedule around it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from orchestrator.config.compose import compose, typed
+    from orchestrator.train.model import Transformer
+    from orchestrator.train.trainer import loss_fn
+
+    spec = typed(compose(["hardware=cpu", "model=tiny"]))
+    cfg, seq = spec.model, spec.training.seq_len
+    mesh = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"]
+    me, half = mesh.get_local_rank(), cfg.layers // 2
+    torch.manual_seed(0)
+    part = Transformer(cfg).keep_only(me * half, (me + 1) * half if me == 0 else cfg.layers, me == 0, me == 1)
+    m = PIPE_MICROBATCHES
+    tokens = torch.randint(0, cfg.vocab, (m, seq + 1))
+    hidden = torch.randn(1, seq, cfg.hidden, requires_grad=True)
+
+    def alone():
+        if me == 0:
+            part(tokens[:1, :-1]).sum().backward()
+        else:
+            loss_fn(part(hidden), tokens[:1, 1:]).backward()
+
+    alone()
+    stage_s = torch.tensor([_best(alone, repeat=5, number=5)])
+    dist.all_reduce(stage_s, op=dist.ReduceOp.MAX, group=mesh.get_group())
+    stage = PipelineStage(part, me, PAIR, torch.device("cpu"), group=mesh.get_group())
+    schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=loss_fn)
+
+    def step():
+        if me == 0:
+            schedule.step(tokens[:, :-1])
+        else:
+            schedule.step(target=tokens[:, 1:])
+
+    step()
+    return _best(step, repeat=5, number=1), float(stage_s)
+
+
+def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
+             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> dict:
+    """The per-op and per-call costs the model's measurements leave once the calls the cost model
+    counts for it (plan/overheads.py, plan/kernels.py) are taken out, in seconds."""
+    from orchestrator.config.compose import compose, typed
+    from orchestrator.plan.kernels import shape_of, stage_features
+    from orchestrator.plan.overheads import parameter_tensors
+    from orchestrator.plan.plan import shape_plan
+
+    spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", f"hardware.gpus_per_node={PAIR}",
+                          f"layout.tp={PAIR}", "hardware.kernel_model=shape"]))
+    shaped = shape_plan(spec)
+    st = shaped.stages[0]
+    kernels = stage_features(st, shaped.mm, shape_of(shaped.layout, spec.training, spec.hardware, spec)).kernels * 1e6
+    n = len(st.layers)
+    redistributes, loss = 8 * n + 2 * (st.embeds + st.outputs), 4  # as overheads.host_calls counts them
+    params = parameter_tensors(st, shaped.mm)
+    return {"dtensor_op_us": max(tp_mb - whole - redistributes * tp_call - loss * c10d, 0.0) / kernels,
+            "cp_call_us": max(cp_mb - short, 0.0) / (4 * n),
+            # FSDP2's units: every block and the root (overheads.host_calls)
+            "fsdp_gather_us": max(gathers - whole, 0.0) / (n + 1), "fsdp_reduce_us": max(synced - gathers, 0.0) / (n + 1),
+            "optimizer_us": opt_plain / params, "dtensor_optimizer_us": max(opt_tp - opt_plain, 0.0) / params,
+            # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace,
+            # a send and a receive per micro-batch and direction (plan/overheads.py); the rest is
+            # the schedule's and PipelineStage's own host time per micro-batch
+            "pp_microbatch_us": max(pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d, 0.0)
+            / PIPE_MICROBATCHES}
 
 
 def collectives(ranks: int = 2) -> dict:
@@ -209,27 +333,65 @@ def collectives(ranks: int = 2) -> dict:
         out = os.path.join(tmp, "gloo.txt")
         os.environ["OMP_NUM_THREADS"] = "1"
         mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
-        lat, bw_t, nbytes, tp, op, c10d, gather, reduce, work = (float(x) for x in open(out).read().split())
+        lat, bw_t, nbytes, tp, op, c10d, *models, work = (float(x) for x in open(out).read().split())
     bus = 2.0 * (ranks - 1) / ranks * nbytes / bw_t / 1e9
     return {"ranks": ranks, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
-            "dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6, "fsdp_gather_us": gather * 1e6,
-            "fsdp_reduce_us": reduce * 1e6, "work_s": work}
+            "bare_dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6,
+            "model_ms": dict(zip(MODEL_TIMES, (x * 1e3 for x in models))), "work_s": work}
+
+
+MODEL_TIMES = ("plain", "plain_cp_tokens", "tp", "cp", "fsdp_gathers", "fsdp_synced", "adam", "adam_tp",
+               "pipelined_step", "slowest_stage")  # model_calls, then pipeline_calls
+
+
+def derive(measured: dict) -> dict:
+    """What the raw figures of a probe (or the quietest of several) give: the per-op and per-call
+    costs of the runtime's model beyond the calls counted (_derived), and the cores' worth."""
+    out = dict(measured)
+    g = dict(measured["gloo"])
+    model = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
+                     *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
+    g.update({k: v * 1e6 for k, v in model.items()})
+    out["gloo"] = g
+    ranks, allowed = g["ranks"], measured["cores_allowed"]
+    # The cores the ranks really get: the same work in `ranks` processes at once against one alone
+    # (other load on the host takes its share; ranks beyond these share their time).
+    got = ranks * measured["work_s"] / g["work_s"]
+    # (at least one: the single-process figures above already carry the load one process sees)
+    out["host_cores"] = round(min(float(allowed), max(got, 1.0)), 2) if got < ranks * 0.95 else float(allowed)
+    return out
 
 
 def probe(ranks: int = 2) -> dict:
+    """One probe's raw figures (derive() turns them into the preset's)."""
     out = local_components()
     out["gloo"] = collectives(ranks)
-    # Once more after the collectives, the least disturbed of the two kept: on a shared host the
-    # other load changes from second to second, and a run's fastest steps see its quiet moments.
-    out["layer_op_us"] = min(out["layer_op_us"], layer_op_us())
-    out["work_s"] = min(out["work_s"], _best(_work, repeat=5, number=2))
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # The cores the ranks really get: the same work in `ranks` processes at once against one alone
-    # (other load on the host takes its share; ranks beyond these share their time).
-    got = ranks * out["work_s"] / out["gloo"]["work_s"]
-    # (at least one: the single-process figures above already carry the load one process sees)
-    out["host_cores"] = round(min(float(allowed), max(got, 1.0)), 2) if got < ranks * 0.95 else float(allowed)
-    out["cores_allowed"] = allowed
+    # Twice more, seconds apart, the least disturbed kept: on a shared host the other load changes
+    # from second to second, and a run's fastest steps see its quiet moments.
+    for _ in range(2):
+        out["layer_op_us"] = min(out["layer_op_us"], layer_op_us())
+        out["work_s"] = min(out["work_s"], _best(_work, repeat=5, number=2))
+        time.sleep(1.0)
+    out["cores_allowed"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return out
+
+
+RATES = ("gemm_tflops", "hbm_gbps", "bus_gbps", "cores_allowed", "ranks")  # higher: quieter
+
+
+def quietest(results: list[dict]) -> dict:
+    """Each raw figure of several probes at its least disturbed: the highest rate, the lowest time
+    (derive() then works from these, not from each probe's differences). On a shared host other
+    load comes and goes over seconds; a run's fastest steps see its quiet moments, and so should
+    the figures that predict them."""
+    first = results[0]
+    out = {}
+    for key, value in first.items():
+        values = [r[key] for r in results]
+        if isinstance(value, dict):
+            out[key] = quietest(values) if key != "gemm_tflops" else {n: max(v[n] for v in values) for n in value}
+        else:
+            out[key] = max(values) if key in RATES else min(values)
     return out
 
 

@@ -115,6 +115,47 @@ def test_fp8_costs_peak_and_memory():
         assert p.valid and p.spec.hardware.peak_fp8_tflops == pytest.approx(2 * p.spec.hardware.peak_tflops, rel=0.01)
 
 
+def test_blackwell_block_scaled_formats_cost_their_peak_bytes_and_transform():
+    """MXFP8 runs at the FP8 peak with a scale byte per 32 operands; NVFP4 at the FP4 peak (twice
+    FP8's on B200, three times on GB300) with a scale per 16 and wgrad's inputs through a
+    Hadamard transform; layers kept in BF16 cost BF16; activations as FP8's. Hopper has neither
+    format: refused with the keys, the preset and a fix; the runtime and the trainer renderings
+    refuse what they cannot run."""
+    from orchestrator.plan.kernels import LOW_PRECISION, Shape, _gemm
+
+    base = ["hardware=b200", "model=llama3_70b", "cluster.nodes=8", "layout.tp=8", "training.seq_len=8192",
+            "training.global_batch=64"]
+    p = {x: plan_of(*base, f"training.precision={x}") for x in ("bf16", "fp8", "mxfp8", "nvfp4")}
+    assert all(x.valid for x in p.values())
+    assert p["bf16"].step.wall_compute > p["fp8"].step.wall_compute >= p["nvfp4"].step.wall_compute * 1.1
+    assert p["mxfp8"].step.wall_compute >= p["fp8"].step.wall_compute
+    assert p["nvfp4"].memory.activations == pytest.approx(p["fp8"].memory.activations)
+    kept = [plan_of(*base, "training.precision=nvfp4", f"training.bf16_layers={k}").step.wall_compute
+            for k in (0, 40, 80)]
+    assert kept[0] < kept[1] < kept[2] == pytest.approx(p["bf16"].step.wall_compute)
+    # one GEMM by hand: compute-bound at the format's rate; memory-bound in its bytes
+    kw = dict(t=1, etp=1, ep=1, seq=4096, tokens=4096, mb=1, flash=True, recompute="none", selective="orchestrator",
+              sp=False, imbalance=0.0, peak16=2.25e15, gemm16=2.25e15, hbm=8e12)
+    fp4 = Shape(lowp="nvfp4", gemm8=9e15, **kw)
+    big = _gemm(8192, 8192, 8192, True, fp4)
+    assert big.gemm == pytest.approx(3 * 2 * 8192 ** 3 / 9e15)
+    thin = _gemm(16, 8192, 8192, True, fp4, passes=1)  # a few tokens: the weight's bytes decide
+    assert thin.gemm == pytest.approx((LOW_PRECISION["nvfp4"].operand_bytes * (16 * 8192 + 8192 ** 2)
+                                       + 2 * 16 * 8192) / 8e12)
+    mx = _gemm(8192, 8192, 8192, True, Shape(lowp="mxfp8", gemm8=4.5e15, **kw))
+    assert mx.elem < big.elem  # NVFP4 transforms wgrad's inputs besides quantising them
+    h100 = plan_of("hardware=h100_sxm", "model=llama3_8b", "training.precision=nvfp4")
+    (err,) = h100.errors
+    assert "hardware.peak_fp4_tflops" in err.key and "h100_sxm" in err.message and "b200" in err.fix
+    too_many = plan_of(*base, "training.precision=nvfp4", "training.bf16_layers=81")
+    assert [e.key for e in too_many.errors] == ["training.bf16_layers"]
+    run = plan_of("hardware=cpu", "model=tiny", "launcher=local", "training.precision=nvfp4")
+    assert not run.valid  # the CPU preset has no FP4 either
+    for trainer in ("megatron", "torchtitan"):
+        t = plan_of(*base, "training.precision=mxfp8", f"trainer={trainer}", "launcher=slurm")
+        assert any(e.key == "training.precision" and "mxfp8" in e.message for e in t.errors), trainer
+
+
 def test_kernel_efficiency_follows_the_per_gpu_work():
     """One GPU type, efficiencies rising with the work per GPU, as the published runs show:
     Megatron-Core's weak-scaling table runs 1.7B (TP1, h=2048) to 462B (TP8, h=18432) on H100."""
@@ -159,7 +200,9 @@ def test_auto_on_deepseek_v3_chooses_expert_parallelism_and_ranks_the_published_
 
 def test_hostile_values_of_the_new_keys_are_refused_with_key_numbers_and_fix():
     for key, value in (("cost.attention_efficiency", 0.0), ("hardware.gemm_efficiency", 2.0),
-                       ("model.moe.load_imbalance", -1.0), ("cost.launch_overhead_us", -3.0)):
+                       ("model.moe.load_imbalance", -1.0), ("cost.launch_overhead_us", -3.0),
+                       ("hardware.cp_call_us", -1.0), ("hardware.dtensor_optimizer_us", -5.0),
+                       ("hardware.host_cores", -2.0)):
         plan = plan_of("recipe=deepseek_v3", f"{key}={value}")
         assert not plan.valid
         (err,) = [e for e in plan.errors if e.key == key]
@@ -295,7 +338,43 @@ def test_a_probed_site_preset_prices_the_parts_it_measured(capsys):
                     f"hardware.host_cores={c}") for c in (2, 4)]
     assert four[0].step.wall_compute == pytest.approx(2 * four[1].step.wall_compute)  # 4 ranks on 2 cores
     assert calibrate_main(["--probe", "--ranks", "9"]) == 2 and "--ranks 9" in capsys.readouterr().err
+    assert calibrate_main(["--probe", "--ranks", "3"]) == 2 and "pairs" in capsys.readouterr().err
+    assert calibrate_main(["--probe", "--repeat", "0"]) == 2 and "--repeat 0" in capsys.readouterr().err
+    from orchestrator.probe import quietest
+
+    a = {"gemm_tflops": {64: 0.02, 512: 0.08}, "hbm_gbps": 9.0, "layer_op_us": 50.0,
+         "gloo": {"ranks": 2, "latency_us": 300.0, "bus_gbps": 0.5, "tp_call_us": 900.0}}
+    b = {"gemm_tflops": {64: 0.03, 512: 0.07}, "hbm_gbps": 8.0, "layer_op_us": 40.0,
+         "gloo": {"ranks": 2, "latency_us": 350.0, "bus_gbps": 0.6, "tp_call_us": 800.0}}
+    assert quietest([a, b]) == {"gemm_tflops": {64: 0.03, 512: 0.08}, "hbm_gbps": 9.0, "layer_op_us": 40.0,
+                                "gloo": {"ranks": 2, "latency_us": 300.0, "bus_gbps": 0.6, "tp_call_us": 800.0}}
     assert calibrate_main([]) == 2
+
+
+def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys):
+    """The real probe (2 gloo processes, about 20 s): every component it measures is a positive
+    figure, the runtime's model costs more under TP than plain (DTensor's dispatch), the site
+    preset it writes loads as hardware=cpu overrides, and a plan on it prices each part."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.compose import compose, to_dict
+    from orchestrator.measure import main as calibrate_main, probe_overrides
+
+    out = tmp_path / "site.yaml"
+    assert calibrate_main(["--probe", "--ranks", "2", "--repeat", "1", "--write", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "per DTensor op in the model" in printed and f"wrote {out}" in printed
+    hw = OmegaConf.to_container(OmegaConf.load(out))
+    for key in ("peak_tflops", "hbm_gbps", "launch_overhead_us", "intra_node_latency_us", "tp_call_us",
+                "c10d_call_us", "cp_call_us", "optimizer_us", "fsdp_gather_us"):
+        assert hw[key] > 0, key
+    assert 1.0 <= hw["host_cores"] <= 2 and hw["kernel_model"] == "shape"
+    site = probe_overrides(hw, to_dict(compose(["hardware=cpu"]))["hardware"])
+    tiny = ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2"]
+    single = plan_of(*site, "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=1")
+    tp, cp = plan_of(*site, *tiny, "layout.tp=2"), plan_of(*site, *tiny, "layout.cp=2")
+    assert single.valid and tp.valid and cp.valid
+    assert tp.step.wall_tp > 0 and cp.step.wall_cp > 0 and tp.step.wall_s > single.step.wall_s
 
 
 def test_context_parallelism_as_each_stack_runs_it():
@@ -416,3 +495,28 @@ def test_the_probed_call_costs_price_the_calls_this_runtime_issues():
     assert four[1] - four[0] == pytest.approx(2 * (four[3] - four[2]))  # 4 ranks on 2 cores share them
     h100 = plan_of("recipe=llama3_405b")
     assert h100.spec.hardware.tp_call_us == 0 and h100.spec.hardware.fsdp_gather_us == 0
+    # CP: 4 calls per layer per micro-batch at CP's own cost (a plain c10d call's where unmeasured)
+    cp = ["hardware.gpus_per_node=2", "layout.cp=2"]
+    base = plan_of(*tiny, *cp)
+    m = base.layout.microbatches
+    for key in ("cp_call_us", "c10d_call_us"):
+        priced = plan_of(*tiny, *cp, f"hardware.{key}=1000")
+        assert priced.step.wall_cp - base.step.wall_cp == pytest.approx(m * 4 * 4 * 1e-3)
+    both = plan_of(*tiny, *cp, "hardware.cp_call_us=1000", "hardware.c10d_call_us=5000")
+    assert both.step.wall_cp - base.step.wall_cp == pytest.approx(m * 4 * 4 * 1e-3)
+    # AdamW once per step over the stage's parameter tensors (tiny: 4 layers x 9 + embedding, norm,
+    # output = 39), in the step's compute; a DTensor parameter (TP's, FSDP2's) costs more
+    one = ["hardware.gpus_per_node=1"]
+    for lay, dtensor in ((one, False), (tp, True), (dp, True), (["hardware.gpus_per_node=2", "layout.pp=2"], False)):
+        base = plan_of(*tiny, *lay)
+        priced = plan_of(*tiny, *lay, "hardware.optimizer_us=1000", "hardware.dtensor_optimizer_us=3000")
+        tensors = 39 if base.layout.pp == 1 else 2 * 9 + 2  # the last stage's: 2 layers, norm, output
+        assert priced.step.wall_compute - base.step.wall_compute == pytest.approx(
+            tensors * (4e-3 if dtensor else 1e-3)), lay  # (2 ranks on host_cores=2: no sharing)
+    # the pipelining schedule's host time per micro-batch and chunk: in the stage's compute, so the
+    # bubble (micro-batches of the slowest stage) pays it too
+    pp = ["hardware.gpus_per_node=2", "layout.pp=2"]
+    base, priced = plan_of(*tiny, *pp), plan_of(*tiny, *pp, "hardware.pp_microbatch_us=1000")
+    m = base.layout.microbatches
+    assert priced.step.wall_compute - base.step.wall_compute == pytest.approx(m * 1e-3)
+    assert priced.step.wall_pp_bubble > base.step.wall_pp_bubble

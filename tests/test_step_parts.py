@@ -41,3 +41,28 @@ def test_plan_md_has_the_measured_parts_of_a_profiled_step(tmp_path):
     median = rundir.measured_step_s([r["step_time_s"] for r in rundir.timed(recs)])
     assert median / 3 < prof["step_s"] < 3 * median
     assert _seconds(rows["step"][0]) > 0  # the predicted step beside it
+
+
+def test_the_attentions_gathers_count_as_context_parallel_with_their_wait():
+    """dist.all_gather only enqueues on gloo's thread; the rank waits inside the attention's own
+    autograd function (model._GatherSeq), so its forward and backward regions are CP's part and
+    the c10d op inside them is not counted twice."""
+    from orchestrator.train.model import _GatherSeq
+    from orchestrator.train.profile import part_of, summarize
+
+    assert part_of(_GatherSeq.__name__) == part_of(_GatherSeq.__name__ + "Backward") == "cp"
+
+    class Range:
+        def __init__(self, start, end):
+            self.start, self.end = start, end
+
+    class Event:
+        def __init__(self, name, start, end, parent=None):
+            self.name, self.time_range, self.thread, self.cpu_parent = name, Range(start, end), 1, parent
+
+    step = Event("orch::step", 0, 10_000)
+    gather = Event("_GatherSeq", 1_000, 3_000, step)
+    events = [step, gather, Event("c10d::allgather_", 1_100, 1_200, gather), Event("Redistribute", 4_000, 5_000, step)]
+    out = summarize(events)
+    assert out["parts_s"]["cp"] == 2e-3 and out["regions"]["cp"] == 1 and out["parts_s"]["tp"] == 1e-3
+    assert abs(out["parts_s"]["compute"] - 7e-3) < 1e-12

@@ -37,6 +37,12 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp8 = "fp8"  # caches linear-layer inputs in one byte (DeepSeek-V3)
+    # Blackwell's block-scaled formats (plan/kernels.py LOW_PRECISION): FP8 with an E8M0 scale per
+    # 32 elements (OCP MX; Transformer Engine's MXFP8 recipe), FP4 E2M1 with an E4M3 scale per 16
+    # (NVIDIA's NVFP4 pretraining recipe, arXiv:2509.25149: fprop, dgrad and wgrad in FP4, the
+    # wgrad inputs through a random Hadamard transform; training.bf16_layers stay in BF16).
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
 
 
 class Device(str, Enum):
@@ -118,6 +124,8 @@ class HardwareConfig:
     gemm_efficiency: float = 0.75
     # Dense FP8 tensor-core peak per GPU; None = twice peak_tflops (Hopper, Blackwell).
     peak_fp8_tflops: Optional[float] = None
+    # dense FP4 per GPU (Blackwell's block-scaled tensor cores; None: no FP4, and no MXFP8/NVFP4)
+    peak_fp4_tflops: Optional[float] = None
     # Memory the framework cannot use: CUDA context, NCCL buffers, fragmentation.
     reserve_gb: float = 4.0
     # Failure model for the blast-radius report (Llama 3: 419 unexpected
@@ -136,12 +144,20 @@ class HardwareConfig:
     # Measured presets: host microseconds per collective call as the runtime issues it
     # (orchestrator/plan/overheads.py; 0 = not modelled, as on every GPU preset): a DTensor
     # redistribute (TP), one DTensor op above a plain one, a plain c10d call (CP, PP, the loss),
-    # FSDP2's per-unit gathers of one micro-batch and its per-unit gradient reduce-scatter.
+    # FSDP2's per-unit gathers of one micro-batch and its per-unit gradient reduce-scatter, one
+    # K/V gather or gradient all-reduce as context parallelism's attention issues it (0: a plain
+    # c10d call's), and per parameter tensor per step the optimizer (AdamW) and what it costs
+    # more on a DTensor parameter (TP's and FSDP2's), and per micro-batch and model chunk what
+    # torch's pipelining schedule and PipelineStage add to a stage's forward and backward.
     tp_call_us: float = 0.0
     dtensor_op_us: float = 0.0
     c10d_call_us: float = 0.0
     fsdp_gather_us: float = 0.0
     fsdp_reduce_us: float = 0.0
+    cp_call_us: float = 0.0
+    optimizer_us: float = 0.0
+    dtensor_optimizer_us: float = 0.0
+    pp_microbatch_us: float = 0.0
     # FlashAttention-2's speed on this GPU relative to the fused attention kernels the fitted
     # cost.attention_efficiency describes (cuDNN / FlashAttention-3 on Hopper), for stacks that
     # run FA2 (stack.attention_kernel=flash2). 1 where FA2 is that kernel (Ampere).
@@ -355,6 +371,9 @@ class TrainingConfig:
     # FLOPs, not model FLOPs (the published MFU counts the main model).
     mtp_depth: int = 0
     precision: Precision = Precision.bf16
+    # under fp8 / mxfp8 / nvfp4: transformer layers whose linear layers stay in BF16 (the NVFP4
+    # recipe keeps a few of the last ones in BF16 for stability); costed as that share of every stage
+    bf16_layers: int = 0
     optimizer_bytes: float = 12.0  # per parameter: fp32 master + Adam m, v (DeepSeek-V3: 8, bf16 moments)
     seed: int = 0
     lr: float = 3e-4

@@ -63,7 +63,8 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
     if m.mla.kv_lora_rank:
         out.append(Problem("model.mla", f"{m.name} uses multi-head latent attention, which the runtime does not "
                            f"implement.", "use launcher=dry to plan it, or model.mla.kv_lora_rank=0."))
-    if tr.precision == Precision.fp8:
-        out.append(Problem("training.precision", "the runtime trains in bf16 (fp32 on CPU), not fp8.",
-                           "use training.precision=bf16, or launcher=dry to plan fp8."))
+    if tr.precision not in (Precision.bf16, Precision.fp32):
+        out.append(Problem("training.precision", f"the runtime trains in bf16 (fp32 on CPU), not "
+                           f"{tr.precision.value}.", f"use training.precision=bf16, or launcher=dry to plan "
+                           f"{tr.precision.value}."))
     return out

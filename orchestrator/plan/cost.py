@@ -509,13 +509,13 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         coef = coefficients(hw, spec.cost)
         shape = shape_of(d, tr, hw, spec, coef)
         share = _core_share(hw, d)
+        host = [host_calls(st, d, stage_features(st, mm, shape).kernels * 1e6, hw, share, mm) for st in stages]
         achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
-                    for st, tt in zip(stages, traffic)]
-        host = [host_calls(st, d, stage_features(st, mm, shape).kernels * 1e6, hw, share) for st in stages]
+                    + h.compute_mb for st, tt, h in zip(stages, traffic, host)]
         comm[:] = [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)]
         ach = run(achieved)
         hj = host[ach.stage]
-        wall = {"compute": m * ach.comp, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
+        wall = {"compute": m * ach.comp + hj.optimizer_step, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
                 "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step, "dp_exposed": ach.dp + hj.dp_step}
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from orchestrator.plan.kernels import LOW_PRECISION
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.layout import Layout
 
@@ -38,7 +39,8 @@ def fmt_bytes(b: float) -> str:
 
 
 # FP8 training caches the inputs of linear layers in one byte instead of two; they are
-# most of a layer's activations, so the whole is taken as 0.6 of the bf16 figure.
+# most of a layer's activations, so the whole is taken as 0.6 of the bf16 figure. MXFP8 and NVFP4
+# runs are taken as FP8's (NVFP4's wgrad copy is re-quantised after its Hadamard transform: no less).
 FP8_ACT = 0.6
 
 
@@ -107,7 +109,7 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
         optimizer = tr.optimizer_bytes * sharded(st, 1)
         act_tok = st.act_tok
     tokens = tr.seq_len / c * tr.micro_batch
-    acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision == "fp8" else 1.0)
+    acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision.value in LOW_PRECISION else 1.0)
     if tr.recompute == "full" and st.act_tok_layer_max:
         acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
     if st.outputs or (mirror is not None and mirror.outputs):

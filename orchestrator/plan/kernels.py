@@ -10,7 +10,9 @@ every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
 
     time =   sum_GEMMs 3 x max(2MNK / (peak x gemm_efficiency),       fwd, dgrad, wgrad: the
                            bytes(MK + KN + MN) / HBM)               roofline of each GEMM
-                 (FP8 GEMMs: peak_fp8 x gemm_efficiency x fp8_gemm_efficiency, 1-byte operands)
+                 (low-precision GEMMs, LOW_PRECISION: FP8, MXFP8 at peak_fp8, NVFP4 at
+                  peak_fp4, x gemm_efficiency x fp8_gemm_efficiency, operands in their
+                  bytes with block scales; NVFP4's wgrad inputs Hadamard-transformed)
            + elementwise x memory-bound bytes / HBM                   norms, residuals, rotary,
                                                                       activation, dropout, MoE
                                                                       permutes, FP8 casts, loss
@@ -101,6 +103,35 @@ def coefficients(hw, cost) -> Coefficients:
     )
 
 
+@dataclass(frozen=True)
+class LowPrecision:
+    """A low-precision GEMM format as the stacks run it: bytes per operand element with its scales,
+    the tensor-core peak it runs at, and whether the wgrad inputs go through a Hadamard transform."""
+
+    operand_bytes: float
+    peak: str  # "fp8" | "fp4"
+    hadamard: bool = False
+
+
+LOW_PRECISION = {
+    # per-tensor scales (Transformer Engine's delayed/current scaling; DeepSeek-V3's 1x128 tiles, 1/128 B)
+    "fp8": LowPrecision(1.0, "fp8"),
+    # OCP Microscaling: an E8M0 scale per 32 elements (Transformer Engine's MXFP8 recipe, Blackwell)
+    "mxfp8": LowPrecision(1.0 + 1.0 / 32, "fp8"),
+    # E2M1 with an E4M3 scale per 16 elements (and one FP32 per tensor); the recipe (arXiv:2509.25149)
+    # runs fprop, dgrad and wgrad in FP4 and passes wgrad's two inputs through a 16x16 random
+    # Hadamard transform first (memory-bound here: read and write of both)
+    "nvfp4": LowPrecision(0.5 + 1.0 / 16, "fp4", hadamard=True),
+}
+
+
+def fp4_peak(hw) -> float:
+    """Dense FP4 peak (Blackwell), never above four times the bf16 peak; 0 where the GPU has none."""
+    v = getattr(hw, "peak_fp4_tflops", None)
+    p = _clamp(v, 1e-6, 1e7, 0.0) if v is not None else 0.0
+    return min(p, 4.0 * hw.peak_tflops) if p > 0 else 0.0
+
+
 def fp8_peak(hw) -> float:
     """Dense FP8 peak: the preset's, never above twice the bf16 peak (tensor cores double it)."""
     v = getattr(hw, "peak_fp8_tflops", None)
@@ -118,7 +149,7 @@ class Shape:
     seq: int  # full sequence length (attention span)
     tokens: float  # tokens per GPU per micro-batch: seq / cp x micro_batch
     mb: int  # sequences per micro-batch
-    fp8: bool
+    lowp: str  # "" (bf16) or a LOW_PRECISION format the linear layers' GEMMs run in
     flash: bool
     recompute: str  # none | selective | full
     selective: str  # orchestrator | attention_core
@@ -126,22 +157,27 @@ class Shape:
     imbalance: float
     peak16: float  # FLOP/s
     gemm16: float  # FLOP/s a bf16 GEMM reaches: peak x gemm_efficiency
-    gemm8: float  # ... an FP8 GEMM: FP8 peak x gemm_efficiency x fp8_gemm_efficiency
+    gemm8: float  # ... a low-precision GEMM: its format's peak x gemm_efficiency x fp8_gemm_efficiency
     hbm: float  # bytes/s
     eager: bool = False  # memory-bound ops run op by op (stack.fused_elementwise=false)
     attn_speed: float = 1.0  # the attention kernel's speed relative to the fitted fused kernels
+    bf16_share: float = 0.0  # of the layers, those a low-precision run keeps in BF16 (training.bf16_layers)
 
 
-def _gemm(M: float, N: float, K: float, fp8: bool, shape: Shape, passes: float = 3.0) -> Features:
+def _gemm(M: float, N: float, K: float, lowp: bool, shape: Shape, passes: float = 3.0) -> Features:
     """fwd + dgrad + wgrad of one GEMM (passes = 3), or its forward alone (passes = 1)."""
     if M <= 0 or N <= 0 or K <= 0:
         return Features()
     flops = passes * 2.0 * M * N * K
-    b_in = 1.0 if fp8 else 2.0
+    fmt = LOW_PRECISION[shape.lowp] if lowp else None
+    b_in = fmt.operand_bytes if fmt else 2.0
     nbytes = passes * (b_in * (M * K + K * N) + 2.0 * M * N)
-    casts = passes * 2.0 * (M * K + M * N) if fp8 else 0.0  # quantise inputs and gradients (elements)
-    launches = passes * (3.0 if fp8 else 1.0) * 1e-6  # the GEMM, and two casts per FP8 GEMM
-    seconds = max(flops / (shape.gemm8 if fp8 else shape.gemm16), nbytes / shape.hbm)
+    casts = passes * 2.0 * (M * K + M * N) if fmt else 0.0  # quantise inputs and gradients (elements)
+    launches = passes * (3.0 if fmt else 1.0) * 1e-6  # the GEMM, and two casts per low-precision GEMM
+    if fmt and fmt.hadamard and passes >= 3:  # wgrad's inputs (activations M x K, gradients M x N)
+        casts += 2.0 * (M * K + M * N)
+        launches += 2e-6
+    seconds = max(flops / (shape.gemm8 if fmt else shape.gemm16), nbytes / shape.hbm)
     return Features(gemm=seconds, elem=2.0 * casts / shape.hbm, kernels=launches)
 
 
@@ -171,7 +207,7 @@ EAGER = {"rmsnorm": 46.0, "swiglu": 6.0, "rope": 4.0, "loss": 10.0}
 def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
     """One layer, one micro-batch, one GPU."""
     h, H, t, T = mm.h, mm.heads, s.t, s.tokens
-    f8 = s.fp8
+    f8 = bool(s.lowp)
     seq_shard = t if s.sp else 1  # sequence parallelism shards the norms' and residuals' tokens
     full = s.recompute == "full"
     # Launches besides the GEMMs: norms, rotary, attention, activation, residuals (16 forward and
@@ -277,14 +313,23 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
     return Shape(
         t=d.tp, etp=d.etp, ep=d.ep, seq=tr.seq_len, tokens=tr.seq_len / d.cp * tr.micro_batch,
         mb=tr.micro_batch,
-        fp8=tr.precision == "fp8", flash=bool(tr.flash_attention), recompute=tr.recompute.value,
+        lowp=tr.precision.value if tr.precision.value in LOW_PRECISION else "", flash=bool(tr.flash_attention),
+        recompute=tr.recompute.value,
         selective=stack.selective.value, sp=bool(spec.layout.sequence_parallel),
         imbalance=_clamp(getattr(moe, "load_imbalance", 0.0), 0.0, 100.0, 0.0),
         peak16=hw.peak_tflops * 1e12, gemm16=hw.peak_tflops * 1e12 * coef.gemm_efficiency,
-        gemm8=fp8_peak(hw) * 1e12 * coef.gemm_efficiency * coef.fp8, hbm=hw.hbm_gbps * 1e9,
+        gemm8=low_precision_peak(hw, tr.precision.value) * 1e12 * coef.gemm_efficiency * coef.fp8,
+        hbm=hw.hbm_gbps * 1e9, bf16_share=min(max(tr.bf16_layers, 0) / max(spec.model.layers, 1), 1.0)
+        if tr.precision.value in LOW_PRECISION else 0.0,
         eager=not stack.fused_elementwise,
         attn_speed=(_clamp(hw.flash2_speed, 1e-3, 1.0, 1.0)
                     if stack.attention_kernel.value == "flash2" else 1.0))
+
+
+def low_precision_peak(hw, precision: str) -> float:
+    """Dense TFLOP/s of the format's GEMMs (FP8's for bf16 runs: unused)."""
+    fmt = LOW_PRECISION.get(precision)
+    return fp4_peak(hw) if fmt is not None and fmt.peak == "fp4" else fp8_peak(hw)
 
 
 def stage_features(st, mm: ModelMath, s: Shape) -> Features:
@@ -297,6 +342,10 @@ def stage_features(st, mm: ModelMath, s: Shape) -> Features:
 
 
 def _stage(st, mm: ModelMath, s: Shape) -> Features:
+    if s.lowp and s.bf16_share > 0:  # the layers kept in BF16, as a share of every stage's
+        f = s.bf16_share
+        high = _stage(st, mm, replace(s, lowp="", bf16_share=0.0))
+        return high.scale(f) + _stage(st, mm, replace(s, bf16_share=0.0)).scale(1.0 - f)
     mtp = getattr(st, "mtp", 0)
     moe_n = st.moe_layers
     dense_n = len(st.layers) + mtp - moe_n

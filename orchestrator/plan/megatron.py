@@ -63,6 +63,10 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
     if spec.model.mla.kv_lora_rank:
         out.append(Problem("model.mla", "the rendering has no MLA arguments.", "put them in trainer.args, or use "
                            "trainer=command."))
+    if spec.training.precision in (Precision.mxfp8, Precision.nvfp4):
+        out.append(Problem("training.precision", f"the rendering has no {spec.training.precision.value} "
+                           f"arguments (it writes --fp8-format=hybrid for fp8).", "put Megatron-LM's recipe "
+                           "arguments in trainer.args with training.precision=fp8, or use trainer=command."))
     return out
 
 

@@ -12,14 +12,23 @@ module counts them from the layout and the stage, torch-free:
   and the reverse in backward: 8 redistributes per layer per micro-batch; the embedding's
   output (reduce-scatter) and the final norm's gather into the head add 2 each way; the
   vocabulary-parallel loss (loss_parallel) a few small all-reduces (counted as 4 c10d calls).
-  Every op of the block runs on DTensors (`dtensor_op_us` above the plain op's time).
+  Every op of the model runs on DTensors (`dtensor_op_us` above the plain op's time), which the
+  step pays in its compute (where the profiler finds it: outside the redistributes).
 - CP (the runtime's all-gather attention, orchestrator/train/model.py): per layer K and V
   all-gathered forward and their gradients all-reduced backward: 4 c10d calls.
 - FSDP2 over dp_shard x cp ranks: per unit (each block and the root) its gather for forward
   and, resharded after forward (ZeRO-3 at pp = 1), again for backward, per micro-batch
   (`fsdp_gather_us`, the probe's fully_shard unit with both); its gradient reduce-scatter once
   per step (`fsdp_reduce_us`). Under pipelining the weights stay gathered: one gather per step.
-- PP: a send or receive per micro-batch per direction and chunk (c10d calls).
+- CP: the K/V gathers and gradient all-reduces cost `cp_call_us` each as the attention issues
+  them (the probe times the runtime's own model under CP against it alone: the mask, the
+  positions and the concatenation come with each call), a plain c10d call's where not measured.
+- PP: a send or receive per micro-batch per direction and chunk (c10d calls); and per micro-batch
+  and chunk the schedule's and PipelineStage's own host time around the stage's forward and
+  backward (`pp_microbatch_us`, in the stage's compute, so the bubble pays it too).
+- The optimizer: AdamW steps each parameter tensor of the stage once per step (`optimizer_us`),
+  and a DTensor parameter (TP's shards, FSDP2's) costs `dtensor_optimizer_us` more: its update
+  runs through DTensor's dispatch op by op. Counted in the step's compute, as the profile does.
 
 Every call's host time scales with the core share (processes beyond the host's cores).
 The per-call costs are 0 on presets without them (every GPU preset): nothing changes there.
@@ -33,10 +42,12 @@ from dataclasses import dataclass
 class HostCalls:
     """Host seconds per micro-batch (tp, cp) and per step (dp, pp) of one stage."""
 
+    compute_mb: float = 0.0  # DTensor's dispatch of the model's ops, the pipelining schedule's (compute, as profiled)
     tp_mb: float = 0.0
     cp_mb: float = 0.0
     dp_step: float = 0.0
     pp_step: float = 0.0
+    optimizer_step: float = 0.0
     calls: tuple = ()  # (axis, calls per step) as counted
 
 
@@ -45,22 +56,37 @@ def _us(hw, key: str) -> float:
     return max(float(v), 0.0) * 1e-6
 
 
-def host_calls(st, d, kernels_mb: float, hw, share: float) -> HostCalls:
+def parameter_tensors(st, mm) -> int:
+    """Parameter tensors of one stage as the runtime builds them (orchestrator/train/model.py,
+    moe.py: no biases): per dense layer 4 attention projections, 2 norms and the MLP's 2 or 3
+    matrices; an MoE layer's router, its experts' stacked matrices and the shared experts'; the
+    embedding, the final norm and the output layer where the stage holds them."""
+    mats = 3 if mm.m.mlp == "swiglu" else 2
+    dense = len(st.layers) - st.moe_layers
+    moe = 6 + 1 + mats + (mats if mm.moe and mm.moe.shared_experts else 0)
+    return dense * (6 + mats) + st.moe_layers * moe + int(st.embeds) + 2 * int(st.outputs)
+
+
+def host_calls(st, d, kernels_mb: float, hw, share: float, mm=None) -> HostCalls:
     """`kernels_mb`: the kernels the shape model counts for one micro-batch of the stage."""
     tp_call, op, c10d = _us(hw, "tp_call_us"), _us(hw, "dtensor_op_us"), _us(hw, "c10d_call_us")
     gather, reduce = _us(hw, "fsdp_gather_us"), _us(hw, "fsdp_reduce_us")
-    if not (tp_call or op or c10d or gather or reduce):
+    cp_call = _us(hw, "cp_call_us") or c10d
+    adam, adam_dt = _us(hw, "optimizer_us"), _us(hw, "dtensor_optimizer_us")
+    schedule = _us(hw, "pp_microbatch_us")
+    if not (tp_call or op or c10d or gather or reduce or cp_call or adam or adam_dt or schedule):
         return HostCalls()
     n, m = len(st.layers), d.microbatches
-    tp = cp = dp = pp = 0.0
+    tp = cp = dp = pp = ops = 0.0
     counts = []
     if d.tp > 1:
         redistributes = 8 * n + 2 * (st.embeds + st.outputs)
         loss = 4 if st.outputs else 0
-        tp = redistributes * tp_call + loss * c10d + kernels_mb * op
+        tp = redistributes * tp_call + loss * c10d
+        ops = kernels_mb * op
         counts.append(("tp", m * (redistributes + loss)))
     if d.cp > 1:
-        cp = 4 * n * c10d
+        cp = 4 * n * cp_call
         counts.append(("cp", m * 4 * n))
     if d.dp_shard * d.cp > 1:
         units = n + 1
@@ -73,5 +99,10 @@ def host_calls(st, d, kernels_mb: float, hw, share: float) -> HostCalls:
             counts.append(("dp", units * 2))
     if d.pp > 1:
         pp = 2 * m * d.chunks * c10d
+        ops += d.chunks * schedule
         counts.append(("pp", 2 * m * d.chunks))
-    return HostCalls(tp * share, cp * share, dp * share, pp * share, tuple(counts))
+    opt = 0.0
+    if mm is not None and (adam or adam_dt):
+        dtensor = d.tp > 1 or d.dp_shard * d.cp > 1  # TP's shards and FSDP2's are DTensors
+        opt = parameter_tensors(st, mm) * (adam + (adam_dt if dtensor else 0.0))
+    return HostCalls(ops * share, tp * share, cp * share, dp * share, pp * share, opt * share, tuple(counts))

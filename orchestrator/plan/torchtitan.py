@@ -108,6 +108,10 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
         out.append(Problem("training.recompute_layers", "torchtitan recomputes every block (mode=full) or every "
                            "N-th (selective_ac_option=N), not the first N of each chunk.",
                            "unset training.recompute_layers."))
+    if tr.precision in (Precision.mxfp8, Precision.nvfp4):
+        out.append(Problem("training.precision", f"the rendering has no {tr.precision.value} arguments (it "
+                           f"writes --model.converters=float8 for fp8).", "put torchtitan's MX converter "
+                           "arguments in trainer.args with training.precision=fp8, or use trainer=command."))
     return out
 
 

@@ -53,6 +53,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
     "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600),
     "hardware.gemm_efficiency": (1e-3, 1.0), "hardware.peak_fp8_tflops": (1e-6, 1e7),
+    "hardware.peak_fp4_tflops": (1e-6, 1e7), "training.bf16_layers": (0, 4096),
     "hardware.flash2_speed": (1e-3, 1.0), "stack.zero3_gathers_per_layer": (1.0, 64.0),
     "cost.elementwise": (0.0, 100.0), "cost.attention_efficiency": (1e-3, 1.0),
     "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
@@ -61,6 +62,11 @@ LIMITS: dict[str, tuple[float, float]] = {
     "training.recompute_layers": (0, 4096), "training.mtp_depth": (0, 16),
     "model.moe.route_scale": (1e-6, 1e6), "model.moe.bias_update_speed": (0.0, 1.0),
     "model.moe.aux_loss_coef": (0.0, 100.0),
+    # measured host costs (orchestrate-calibrate --probe; 0 on GPU presets)
+    "hardware.host_cores": (0.0, 1e5), "hardware.launch_overhead_us": (0.0, 1e5),
+    **{f"hardware.{k}": (0.0, 1e7) for k in ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us",
+                                              "fsdp_reduce_us", "cp_call_us", "optimizer_us",
+                                              "dtensor_optimizer_us", "pp_microbatch_us")},
 }
 
 
@@ -133,6 +139,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
     _check_tensor(spec, etp, rules, problems, warnings)
     stage_layers = _check_pipeline(spec, problems, warnings)
     _check_sequence(spec, problems)
+    _check_precision(spec, problems)
     mb = _check_batch(spec, dp, rules, problems, warnings)
     if problems:
         return None, problems, warnings
@@ -479,6 +486,20 @@ def _check_sequence(spec: Config, problems: list[Problem]) -> None:
         problems.append(Problem("training.seq_len, layout.tp", f"sequence parallelism shards each rank's {s // c} "
                                 f"tokens over tp={t}, which does not divide them.",
                                 "use a seq_len divisible by cp*tp, or layout.sequence_parallel=false."))
+
+
+def _check_precision(spec: Config, problems: list[Problem]) -> None:
+    """MXFP8 and NVFP4 need Blackwell's block-scaled tensor cores (the preset's FP4 peak says so)."""
+    p, hw = spec.training.precision.value, spec.hardware
+    if p in ("mxfp8", "nvfp4") and not hw.peak_fp4_tflops:
+        problems.append(Problem("training.precision, hardware.peak_fp4_tflops",
+                                f"{p} runs on block-scaled tensor cores (Blackwell); hardware={hw.name} has none "
+                                f"(no peak_fp4_tflops).", "use training.precision=fp8 or bf16 here, or a Blackwell "
+                                "preset (hardware=b200, gb200, gb300)."))
+    if spec.training.bf16_layers > spec.model.layers:
+        problems.append(Problem("training.bf16_layers", f"{spec.training.bf16_layers} layers kept in BF16, but "
+                                f"{spec.model.name} has {spec.model.layers}.",
+                                f"set training.bf16_layers to at most {spec.model.layers}."))
 
 
 def _check_uneven(spec: Config, dp: int, problems: list[Problem]) -> int:

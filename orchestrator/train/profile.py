@@ -9,7 +9,9 @@ the wall time of its outermost regions on the step's thread (nested ones counted
 - dp: FSDP2's regions (`FSDP::pre_forward`, `FSDP::all_gather`, `FSDP::post_backward_reduce`, ...:
   the gathers, copies and gradient reduce-scatters of the sharded state);
 - pp: point-to-point sends and receives and the waits on them (the pipeline's bubble and transfers);
-- cp: the other c10d collectives (the attention's K/V all-gathers and gradient all-reduces, and
+- cp: the attention's K/V gathers and their gradients' all-reduces (`_GatherSeq` forward and
+  backward, model.py: the c10d op only enqueues the work, the wait for it is in these regions),
+  the other c10d collectives (and
   the step's one loss all-reduce; without CP but with pipeline stages that all-reduce is where
   the first stage waits for the pipeline to drain, so it counts as pp);
 - compute: the rest of the step (the model's ops, autograd, the optimizer).
@@ -25,6 +27,7 @@ from pathlib import Path
 PROFILE_MIN_STEPS = 5
 STEP_REGION = "orch::step"
 PARTS = ("compute", "tp", "cp", "dp", "pp")
+CP_REGIONS = ("_GatherSeq", "_GatherSeqBackward")  # model.py's autograd function, forward and backward
 
 
 def profiled_steps(steps: int) -> tuple[int, int] | None:
@@ -39,7 +42,7 @@ def part_of(name: str) -> str | None:
         return "tp"
     if name.startswith(("c10d::send", "c10d::recv", "c10d::batch_isend_irecv")) or "P2P" in name:
         return "pp"
-    if name.startswith("c10d::") or name.startswith("gloo:"):
+    if name.startswith("c10d::") or name.startswith("gloo:") or name in CP_REGIONS:
         return "cp"
     return None
 
