@@ -3,9 +3,10 @@ micro-batch and per step, at the per-call costs `orchestrate-calibrate --probe` 
 
 On a tiny model over gloo a step is not its bytes: each collective call costs the host about
 a millisecond (Python, DTensor dispatch, FSDP2's hooks and copies, gloo's rendezvous) whatever
-it carries, and the runtime issues hundreds. The probe (orchestrator/probe.py runtime_calls)
-times each kind of call through the API the runtime uses, at the tiny model's sizes, and this
-module counts them from the layout and the stage, torch-free:
+it carries, and the runtime issues hundreds. The probe (orchestrator/probe.py) times each kind
+of call through the API the runtime uses, at the tiny model's sizes (runtime_calls), and the
+runtime's own model under each parallelism (model_calls, pipeline_calls); this module counts
+the calls, ops and parameter tensors from the layout and the stage, torch-free:
 
 - TP with sequence parallelism (torch.distributed.tensor.parallel, orchestrator/train/parallel.py):
   per block an all-gather before attention and the MLP and a reduce-scatter after each, forward,
@@ -15,14 +16,14 @@ module counts them from the layout and the stage, torch-free:
   Every op of the model runs on DTensors (`dtensor_op_us` above the plain op's time), which the
   step pays in its compute (where the profiler finds it: outside the redistributes).
 - CP (the runtime's all-gather attention, orchestrator/train/model.py): per layer K and V
-  all-gathered forward and their gradients all-reduced backward: 4 c10d calls.
+  all-gathered forward and their gradients all-reduced backward: 4 calls, each at `cp_call_us`
+  as the attention issues them (the probe times the runtime's own model under CP against it
+  alone: the mask, the positions and the concatenation come with each call), a plain c10d
+  call's where that is not measured.
 - FSDP2 over dp_shard x cp ranks: per unit (each block and the root) its gather for forward
   and, resharded after forward (ZeRO-3 at pp = 1), again for backward, per micro-batch
-  (`fsdp_gather_us`, the probe's fully_shard unit with both); its gradient reduce-scatter once
+  (`fsdp_gather_us`, the probe's: the runtime's own blocks, both gathers); its reduce-scatter once
   per step (`fsdp_reduce_us`). Under pipelining the weights stay gathered: one gather per step.
-- CP: the K/V gathers and gradient all-reduces cost `cp_call_us` each as the attention issues
-  them (the probe times the runtime's own model under CP against it alone: the mask, the
-  positions and the concatenation come with each call), a plain c10d call's where not measured.
 - PP: a send or receive per micro-batch per direction and chunk (c10d calls); and per micro-batch
   and chunk the schedule's and PipelineStage's own host time around the stage's forward and
   backward (`pp_microbatch_us`, in the stage's compute, so the bubble pays it too).
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class HostCalls:
-    """Host seconds per micro-batch (tp, cp) and per step (dp, pp) of one stage."""
+    """Host seconds per micro-batch (compute, tp, cp) and per step (dp, pp, optimizer) of one stage."""
 
     compute_mb: float = 0.0  # DTensor's dispatch of the model's ops, the pipelining schedule's (compute, as profiled)
     tp_mb: float = 0.0
@@ -67,7 +68,7 @@ def parameter_tensors(st, mm) -> int:
     return dense * (6 + mats) + st.moe_layers * moe + int(st.embeds) + 2 * int(st.outputs)
 
 
-def host_calls(st, d, kernels_mb: float, hw, share: float, mm=None) -> HostCalls:
+def host_calls(st, d, kernels_mb: float, hw, share: float, mm) -> HostCalls:
     """`kernels_mb`: the kernels the shape model counts for one micro-batch of the stage."""
     tp_call, op, c10d = _us(hw, "tp_call_us"), _us(hw, "dtensor_op_us"), _us(hw, "c10d_call_us")
     gather, reduce = _us(hw, "fsdp_gather_us"), _us(hw, "fsdp_reduce_us")
@@ -102,7 +103,7 @@ def host_calls(st, d, kernels_mb: float, hw, share: float, mm=None) -> HostCalls
         ops += d.chunks * schedule
         counts.append(("pp", 2 * m * d.chunks))
     opt = 0.0
-    if mm is not None and (adam or adam_dt):
+    if adam or adam_dt:
         dtensor = d.tp > 1 or d.dp_shard * d.cp > 1  # TP's shards and FSDP2's are DTensors
         opt = parameter_tensors(st, mm) * (adam + (adam_dt if dtensor else 0.0))
     return HostCalls(ops * share, tp * share, cp * share, dp * share, pp * share, opt * share, tuple(counts))
