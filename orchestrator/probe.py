@@ -295,7 +295,8 @@ def pipeline_calls(world: int) -> tuple[float, float]:
 def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
              synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> dict:
     """The per-op and per-call costs the model's measurements leave once the calls the cost model
-    counts for it (plan/overheads.py, plan/kernels.py) are taken out, in seconds."""
+    counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
+    results in microseconds, as the preset holds them)."""
     from orchestrator.config.compose import compose, typed
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.overheads import parameter_tensors
@@ -309,16 +310,18 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
     n = len(st.layers)
     redistributes, loss = 8 * n + 2 * (st.embeds + st.outputs), 4  # as overheads.host_calls counts them
     params = parameter_tensors(st, shaped.mm)
-    return {"dtensor_op_us": max(tp_mb - whole - redistributes * tp_call - loss * c10d, 0.0) / kernels,
-            "cp_call_us": max(cp_mb - short, 0.0) / (4 * n),
-            # FSDP2's units: every block and the root (overheads.host_calls)
-            "fsdp_gather_us": max(gathers - whole, 0.0) / (n + 1), "fsdp_reduce_us": max(synced - gathers, 0.0) / (n + 1),
-            "optimizer_us": opt_plain / params, "dtensor_optimizer_us": max(opt_tp - opt_plain, 0.0) / params,
-            # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace,
-            # a send and a receive per micro-batch and direction (plan/overheads.py); the rest is
-            # the schedule's and PipelineStage's own host time per micro-batch
-            "pp_microbatch_us": max(pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d, 0.0)
-            / PIPE_MICROBATCHES}
+    seconds = {
+        "dtensor_op_us": max(tp_mb - whole - redistributes * tp_call - loss * c10d, 0.0) / kernels,
+        "cp_call_us": max(cp_mb - short, 0.0) / (4 * n),
+        # FSDP2's units: every block and the root (overheads.host_calls)
+        "fsdp_gather_us": max(gathers - whole, 0.0) / (n + 1), "fsdp_reduce_us": max(synced - gathers, 0.0) / (n + 1),
+        "optimizer_us": opt_plain / params, "dtensor_optimizer_us": max(opt_tp - opt_plain, 0.0) / params,
+        # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace, a
+        # send and a receive per micro-batch and direction (plan/overheads.py); the rest is the
+        # schedule's and PipelineStage's own host time per micro-batch
+        "pp_microbatch_us": max(pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d, 0.0)
+        / PIPE_MICROBATCHES}
+    return {k: v * 1e6 for k, v in seconds.items()}
 
 
 def collectives(ranks: int = 2) -> dict:
@@ -351,7 +354,7 @@ def derive(measured: dict) -> dict:
     g = dict(measured["gloo"])
     model = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
                      *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
-    g.update({k: v * 1e6 for k, v in model.items()})
+    g.update(model)
     out["gloo"] = g
     ranks, allowed = g["ranks"], measured["cores_allowed"]
     # The cores the ranks really get: the same work in `ranks` processes at once against one alone
