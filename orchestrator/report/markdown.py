@@ -250,7 +250,7 @@ def render_measured(rows: list[dict], device: str = "cuda", parts: list[dict] | 
         out += ["", "Measured by torch.profiler over one step (train/profile.py; it and its warm-up step are "
                     "left out of the step times): each collective part is the wall time of its outermost "
                     "regions (tp: DTensor redistributes; dp: FSDP2's gathers and reduce-scatters; pp: sends "
-                    "and receives, with the bubble; cp: the other c10d collectives), compute the rest."]
+                    "and receives, with the bubble; cp: the attention's K/V gathers with their wait, and the other c10d collectives), compute the rest."]
     if device == "cpu":
         out += ["", "On a CPU preset the kernel efficiency is fitted to demo runs on one machine: it lumps Python, "
                     "gloo and scheduling overhead with the arithmetic, so the prediction means this machine's speed "

@@ -11,9 +11,9 @@ the wall time of its outermost regions on the step's thread (nested ones counted
 - pp: point-to-point sends and receives and the waits on them (the pipeline's bubble and transfers);
 - cp: the attention's K/V gathers and their gradients' all-reduces (`_GatherSeq` forward and
   backward, model.py: the c10d op only enqueues the work, the wait for it is in these regions),
-  the other c10d collectives (and
-  the step's one loss all-reduce; without CP but with pipeline stages that all-reduce is where
-  the first stage waits for the pipeline to drain, so it counts as pp);
+  and the other c10d collectives (the step's one loss all-reduce; without CP but with pipeline
+  stages that all-reduce is where the first stage waits for the pipeline to drain, so it counts
+  as pp);
 - compute: the rest of the step (the model's ops, autograd, the optimizer).
 
 It costs one warm-up step of the profiler and one profiled step, the last two of the run (their
