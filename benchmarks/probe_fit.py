@@ -83,8 +83,10 @@ def main() -> None:
         stock = make_plan(compose(["hardware=cpu"] + common + lay)).step.wall_s
         parts = " ".join(f"{k} {v:.3f}" for k, v in plan.step.wall.items() if v > 0)
         prof = run / PROFILE_JSON
-        got = " ".join(f"{k} {v:.3f}" for k, v in json.loads(prof.read_text())["parts_s"].items() if v > 1e-4) \
-            if prof.exists() else "-"
+        profile = json.loads(prof.read_text()) if prof.exists() else None
+        # the profiled step whole (its profiler overhead against the median), then its parts
+        got = (f"step {profile['step_s']:.3f} ({profile['step_s'] / med:.2f}x the median): "
+               + " ".join(f"{k} {v:.3f}" for k, v in profile["parts_s"].items() if v > 1e-4)) if profile else "-"
         ratios[name] = meas / plan.step.wall_s
         print(f"{name:<9} {plan.step.wall_s:10.3f} {meas:10.3f} {meas / plan.step.wall_s:9.2f} {med:8.3f} "
               f"{stock:8.3f}   {parts} | {got}", flush=True)

@@ -45,6 +45,13 @@ CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "f
 PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
 
 
+def tiny_spec(*overrides: str):
+    """The typed config of the runtime's tiny model on hardware=cpu, as every measurement here builds it."""
+    from orchestrator.config.compose import compose, typed
+
+    return typed(compose(["hardware=cpu", "model=tiny", *overrides]))
+
+
 def _best(fn, repeat: int = 5, number: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -94,15 +101,13 @@ def layer_op_us() -> float:
     the ops are what a tiny model's step costs on a CPU, far above a bare op's dispatch."""
     import torch
 
-    from orchestrator.config.compose import compose, typed
     from orchestrator.plan.kernels import layer_features, shape_of
     from orchestrator.plan.model import ModelMath
     from orchestrator.plan.plan import plan_spec
     from orchestrator.train.model import Block
 
     torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
-    spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=1",
-                          "hardware.kernel_model=shape"]))
+    spec = tiny_spec("cluster.nodes=1", "hardware.gpus_per_node=1", "hardware.kernel_model=shape")
     plan = plan_spec(spec)
     tr = spec.training
     count = layer_features(ModelMath(spec.model), False, shape_of(plan.layout, tr, spec.hardware, spec)).kernels * 1e6
@@ -196,12 +201,11 @@ def model_calls(world: int, rank: int) -> tuple[float, ...]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from orchestrator.config.compose import compose, typed
     from orchestrator.train.model import Transformer, cp_shard
     from orchestrator.train.parallel import apply_cp, apply_fsdp, apply_tp
     from orchestrator.train.trainer import _scalar, loss_fn
 
-    spec = typed(compose(["hardware=cpu", "model=tiny"]))
+    spec = tiny_spec()
     cfg = spec.model
     mesh = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"]
     pair, pair_rank = mesh.get_group(), mesh.get_local_rank()
@@ -256,11 +260,10 @@ def pipeline_calls(world: int) -> tuple[float, float]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from orchestrator.config.compose import compose, typed
     from orchestrator.train.model import Transformer
     from orchestrator.train.trainer import loss_fn
 
-    spec = typed(compose(["hardware=cpu", "model=tiny"]))
+    spec = tiny_spec()
     cfg, seq = spec.model, spec.training.seq_len
     mesh = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"]
     me, half = mesh.get_local_rank(), cfg.layers // 2
@@ -297,13 +300,12 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
     """The per-op and per-call costs the model's measurements leave once the calls the cost model
     counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
     results in microseconds, as the preset holds them)."""
-    from orchestrator.config.compose import compose, typed
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.overheads import parameter_tensors
     from orchestrator.plan.plan import shape_plan
 
-    spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", f"hardware.gpus_per_node={PAIR}",
-                          f"layout.tp={PAIR}", "hardware.kernel_model=shape"]))
+    spec = tiny_spec("cluster.nodes=1", f"hardware.gpus_per_node={PAIR}", f"layout.tp={PAIR}",
+                     "hardware.kernel_model=shape")
     shaped = shape_plan(spec)
     st = shaped.stages[0]
     kernels = stage_features(st, shaped.mm, shape_of(shaped.layout, spec.training, spec.hardware, spec)).kernels * 1e6

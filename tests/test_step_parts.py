@@ -3,6 +3,8 @@ against the plan's parts; the profiled steps are left out of the measured step."
 import json
 import re
 
+import pytest
+
 from conftest import run_cli
 
 from orchestrator import rundir
@@ -37,9 +39,9 @@ def test_plan_md_has_the_measured_parts_of_a_profiled_step(tmp_path):
     assert measured["tp"] > 0 and measured["dp"] > 0 and measured["compute"] > 0
     parts = sum(v for k, v in measured.items() if k != "step")
     assert abs(parts - measured["step"]) <= 0.02 * measured["step"] + 2e-3  # the parts make up the step
-    # the profiled step is a step like the others (the profiler's overhead is not most of it)
-    median = rundir.measured_step_s([r["step_time_s"] for r in rundir.timed(recs)])
-    assert median / 3 < prof["step_s"] < 3 * median
+    # the profiled step is the one plan.md reports (its overhead against the others' is a figure
+    # benchmarks/probe_fit.py prints, not a test's)
+    assert _seconds(rows["step"][1]) == pytest.approx(prof["step_s"], rel=0.01, abs=1e-3)
     assert _seconds(rows["step"][0]) > 0  # the predicted step beside it
 
 
