@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lower number = lower layer. `rundir` (the run directory's files) and `config` sit under the
 # planner; `report` (plan.md, the figures) and `published` (the published-runs harness) read
 # plans; `launch` and `train` share a level: launch starts train as a separate program (or
-# inside a SLURM task), train never imports launch.
-LAYER = {"rundir": 0, "config": 0, "plan": 1, "report": 2, "published": 2, "launch": 3, "train": 3,
+# inside a SLURM task), train never imports launch. `frameworks` (a plan rendered as another
+# program's command line: torchtitan, Megatron-LM) sits beside the planner, whose validation asks it.
+LAYER = {"rundir": 0, "config": 0, "plan": 1, "frameworks": 1, "report": 2, "published": 2, "launch": 3, "train": 3,
          "runtime": 4, "measure": 4, "probe": 4, "cli": 4, "__main__": 4, "__init__": 4}
 
 

@@ -109,7 +109,7 @@ def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(c
 
 
 def test_megatron_names_are_cited_and_match_its_source():
-    from orchestrator.plan import megatron, trainers
+    from orchestrator.frameworks import megatron, trainers
 
     for extra in ([], ["model=tiny_moe", "layout.ep=4", "layout.zero=1",
                        "training.recompute=full", "training.recompute_layers=2", "layout.pp=2"]):
@@ -126,7 +126,7 @@ def test_megatron_names_are_cited_and_match_its_source():
 
 
 def test_torchtitan_names_match_its_config_classes():
-    from orchestrator.plan import torchtitan, trainers
+    from orchestrator.frameworks import torchtitan, trainers
 
     spec = importlib.util.find_spec("torchtitan")
     if spec is None:
@@ -179,7 +179,7 @@ def _groups_along(cube: np.ndarray, axes: tuple[int, ...]) -> list[list[int]]:
 
 def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
     """Every framework group (of RANKs) maps onto the positions of one plan group; TP on one node."""
-    from orchestrator.plan.trainers import rank_map
+    from orchestrator.frameworks.trainers import rank_map
 
     ranks = rank_map(pj)
     assert sorted(ranks) == list(range(len(ranks)))
@@ -207,7 +207,7 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
     """torchtitan (pd.py _build_mesh_without_ep) calls init_device_mesh over the dims pp,
     dp_replicate, dp_shard, cp, tp; torch lays RANKs out as arange(world).view(dims)
     (torch/distributed/device_mesh.py, init_device_mesh)."""
-    from orchestrator.plan.trainers import argv
+    from orchestrator.frameworks.trainers import argv
 
     p = plan_of(*SMALL, "trainer=torchtitan", *extra)
     assert p.valid, p.errors
@@ -225,7 +225,7 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
         pp_, dpr, dps, cp, tp = dims
         inner = ep // (cp * tp)
         cube = np.arange(int(np.prod(dims))).reshape(pp_, dpr, dps // inner, inner, cp, tp)
-        from orchestrator.plan.trainers import rank_map
+        from orchestrator.frameworks.trainers import rank_map
 
         pos = {r: q for q, r in enumerate(rank_map(pj))}
         mine = {frozenset(pos[r] for r in g) for g in _groups_along(cube, (3, 4, 5))}
@@ -238,7 +238,7 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
 def test_megatron_groups_from_rank_are_the_plans(extra):
     """Megatron's RankGenerator from the rendered sizes and its order ('tp-cp-ep-pp-dp' when
     --use-tp-pp-dp-mapping is rendered, initialize.py:395), as tests/megatron_ref.py ports it."""
-    from orchestrator.plan.trainers import argv, rank_map
+    from orchestrator.frameworks.trainers import argv, rank_map
 
     p = plan_of(*SMALL, "trainer=megatron", *extra)
     assert p.valid, p.errors
@@ -307,7 +307,7 @@ def test_the_example_trains_under_trainer_command_through_a_node_loss(cli):
                                              ("megatron", None)])
 def test_after_a_node_loss_the_arguments_are_rendered_for_the_survivors(trainer, dp_flag):
     from orchestrator.plan.replan import replan_on_survivors
-    from orchestrator.plan.trainers import argv
+    from orchestrator.frameworks.trainers import argv
 
     p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=8", "training.checkpoint.every=10")
     rp = replan_on_survivors(p, 3)
@@ -325,7 +325,7 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
     import json
     import subprocess
 
-    from orchestrator.plan.trainers import rank_map
+    from orchestrator.frameworks.trainers import rank_map
 
     p = plan_of(*SMALL, "trainer=torchtitan", "layout.tp=2", "layout.pp=2", "layout.order=[tp,pp,dp]")
     pj = p.to_json()
@@ -349,7 +349,7 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
 def _standin_expert_groups(p, trainer: str) -> set:
     """The framework's EP groups from RANK (torchtitan: pd.py _build_mesh_with_ep with etp=1;
     Megatron: its expert RankGenerator, megatron_ref.grids), as positions on the plan's GPUs."""
-    from orchestrator.plan.trainers import argv, rank_map
+    from orchestrator.frameworks.trainers import argv, rank_map
 
     pj = p.to_json()
     f, lay = flags(argv(pj, Path("/RUN"))), pj["layout"]
@@ -368,7 +368,7 @@ def _standin_expert_groups(p, trainer: str) -> set:
 
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
 def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli):
-    from orchestrator.plan.trainers import placement_problems
+    from orchestrator.frameworks.trainers import placement_problems
 
     seen = set()
     for extra in (["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],

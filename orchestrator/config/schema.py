@@ -509,7 +509,7 @@ class TrainerName(str, Enum):
 
 @dataclass
 class TrainerConfig:
-    """What each rank runs (orchestrator/plan/trainers.py, orchestrator/launch/trainers.py).
+    """What each rank runs (orchestrator/frameworks/trainers.py, orchestrator/launch/trainers.py).
     For torchtitan and megatron `command` is the entry point and the arguments rendered from
     the plan are appended to it, then `args`; for `command` it is the whole program."""
 

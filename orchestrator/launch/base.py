@@ -29,7 +29,7 @@ class Launcher(ABC):
     def preflight(self) -> list[Problem]:
         """Problems found before anything is started or submitted (nothing is written)."""
         from orchestrator.launch.preflight import preflight
-        from orchestrator.plan.trainers import placement_problems
+        from orchestrator.frameworks.trainers import placement_problems
 
         return placement_problems(self.plan) + preflight(self.spec, self.run_dir)
 

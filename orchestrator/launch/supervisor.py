@@ -26,7 +26,7 @@ from orchestrator.launch.status import steps_completed, write_status
 from orchestrator.rundir import checkpoints as ckpt
 from orchestrator.report.artifacts import write_plan
 from orchestrator.plan.replan import replan_on_survivors
-from orchestrator.plan.trainers import external  # other trainers restart (inplace.why_not_in_place)
+from orchestrator.frameworks.trainers import external  # other trainers restart (inplace.why_not_in_place)
 
 
 @dataclass

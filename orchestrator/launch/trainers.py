@@ -1,9 +1,9 @@
 """Starting the ranks of an external trainer (trainer=torchtitan, megatron, command): the one
 place that builds a rank's argv and environment, for the local launcher and for srun.
 
-Every rank runs the same command line (plan/trainers.py renders it from this attempt's
+Every rank runs the same command line (frameworks/trainers.py renders it from this attempt's
 plan.json) with torchrun's environment: RANK (placed so the framework's own groups are the
-plan's, plan/trainers.rank_map), LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the
+plan's, frameworks/trainers.rank_map), LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the
 node's index), MASTER_ADDR, MASTER_PORT, plus ORCH_PLAN (this attempt's plan.json),
 ORCH_RUN_DIR (the run directory, the same for every attempt) and ORCH_ATTEMPT. A leading
 `python` (or `python3`) word is the interpreter that starts the rank: the launcher's here,
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.launch.processes import LocalJob
-from orchestrator.plan.trainers import argv as render_argv
-from orchestrator.plan.trainers import external, files, rank_map
+from orchestrator.frameworks.trainers import argv as render_argv
+from orchestrator.frameworks.trainers import external, files, rank_map
 
 PYTHONS = ("python", "python3")
 
@@ -33,7 +33,7 @@ def _plan(plan_dir: Path) -> dict:
 
 
 def prepare(plan_dir: Path) -> list[str]:
-    """This attempt's command line, and the files it names (plan/trainers.files) written beside its plan."""
+    """This attempt's command line, and the files it names (frameworks/trainers.files) written beside its plan."""
     pj = _plan(plan_dir)
     for name, text in files(pj).items():
         (Path(plan_dir) / name).write_text(text)

@@ -14,8 +14,8 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
     m, tr = spec.model, spec.training
     out = []
     launcher = spec.launcher.name.value
-    if spec.trainer.name != TrainerName.orchestrator:  # an external trainer: its own limits (plan/trainers.py)
-        from orchestrator.plan.trainers import trainer_problems
+    if spec.trainer.name != TrainerName.orchestrator:  # an external trainer: its own limits (frameworks/trainers.py)
+        from orchestrator.frameworks.trainers import trainer_problems
 
         return trainer_problems(spec, layout)
     if not spec.stack.runtime:

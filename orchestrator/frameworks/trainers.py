@@ -2,7 +2,7 @@
 before launch, the command line each rank runs, and where each RANK goes. Torch-free.
 
 - `torchtitan` and `megatron` render the framework's own arguments from the plan
-  (plan/torchtitan.py, plan/megatron.py) after `trainer.command`, then `trainer.args`;
+  (frameworks/torchtitan.py, frameworks/megatron.py) after `trainer.command`, then `trainer.args`;
 - `command` runs `trainer.command` as it is (a torchrun-compatible program that reads the
   plan through orchestrator.runtime).
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from orchestrator.rundir import run_dir_of
 from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config, TrainerName
-import orchestrator.plan.megatron as megatron
-import orchestrator.plan.torchtitan as torchtitan
+import orchestrator.frameworks.megatron as megatron
+import orchestrator.frameworks.torchtitan as torchtitan
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.topology import RankGrid
 
