@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; an unpinned `torch` would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean frameworks
 
 $(BIN)/.installed: pyproject.toml
 	@echo "== creating $(VENV) (about two minutes the first time)"
@@ -29,11 +29,16 @@ demo: $(BIN)/.installed
 # Two workers, one test file each at a time: half of a serial run is one core starting
 # Python and importing torch while the other idles. Same tests, same assertions.
 WORKERS ?= 2
-test: $(BIN)/.installed
+test: $(BIN)/.installed frameworks
 	$(BIN)/pytest -q -n $(WORKERS) --dist loadfile
+
+# torchtitan's and Megatron-Core's own releases for the tests, each in .frameworks/<release>/
+# beside the project's torch (tests/frameworks.py says how and why).
+frameworks: $(BIN)/.installed
+	$(BIN)/python tests/frameworks.py
 
 bench: $(BIN)/.installed
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) outputs/* multirun
+	rm -rf $(VENV) .frameworks outputs/* multirun
