@@ -42,7 +42,145 @@ import time
 
 CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us", "cp_call_us",
              "optimizer_us", "dtensor_optimizer_us", "pp_microbatch_us")
+# The preset keys the probe measures directly and the raw figures each is (derive()'s `terms`
+# adds the derived call costs, DERIVED_FROM; tp_call_us and c10d_call_us are timed as they are).
+MEASURED_FROM = {
+    "peak_tflops": ("gemm_tflops",), "hbm_gbps": ("hbm_gbps",), "launch_overhead_us": ("layer_op_us",),
+    "intra_node_gbps": ("gloo.bus_gbps",), "inter_node_gbps": ("gloo.bus_gbps",),
+    "intra_node_latency_us": ("gloo.latency_us",), "inter_node_latency_us": ("gloo.latency_us",),
+    "host_cores": ("work_s", "gloo.work_s", "cores_allowed"),
+    "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
+}
 PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
+
+
+# ---- the measured model, once per machine: cached, and used by hardware=cpu where present ----
+# (torch-free: the planner reads the cache; only measuring imports torch)
+
+CACHE_ENV = "ORCHESTRATOR_CACHE_DIR"  # default: $XDG_CACHE_HOME/orchestrator, else ~/.cache/orchestrator
+PROBE_HOW = "orchestrate-calibrate --probe"
+
+
+def cache_dir() -> "os.PathLike":
+    from pathlib import Path
+
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrator"
+
+
+def machine_key() -> dict:
+    """What a measurement holds for: this host, its CPU, the cores this process may use and the
+    torch release the ranks run (read from its metadata, not imported)."""
+    import importlib.metadata
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = "none"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": cores, "torch": torch}
+
+
+def cache_path(key: dict | None = None):
+    import hashlib
+    import json
+
+    key = key or machine_key()
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["host"])[:40]
+    return cache_dir() / "probe" / f"{host}-{digest}.json"
+
+
+def write_cache(hw: dict, measured: dict) -> "os.PathLike":
+    """Keep this machine's measured model (the site preset, each term's raw figures) for later plans."""
+    import json
+
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": machine_key(), "measured_at": time.strftime("%Y-%m-%d %H:%M"), "hardware": hw,
+              "terms": {k: list(v) for k, v in measured["terms"].items()}, "floored": measured["floored"],
+              "raw": _plain(measured)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items() if k not in ("terms", "floored")}
+    return x
+
+
+def cached() -> dict | None:
+    """This machine's cached measurement, or None (none, or unreadable: then measure again)."""
+    import json
+
+    try:
+        record = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("hardware"), dict) else None
+
+
+# the preset keys a measurement replaces in hardware=cpu (what the probe measures, and the kernel
+# model its figures are for)
+MEASURED_KEYS = ("peak_tflops", "gemm_efficiency", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
+                 "intra_node_latency_us", "inter_node_latency_us", "kernel_model", "launch_overhead_us",
+                 "host_cores", *CALL_KEYS)
+
+
+def stock_cpu() -> dict:
+    """hardware=cpu as shipped (conf/hardware/cpu.yaml over the schema's defaults), as plain values."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.paths import CONF_DIR
+    from orchestrator.config.schema import HardwareConfig
+
+    out = {f.name: f.default for f in dataclasses.fields(HardwareConfig) if f.default is not dataclasses.MISSING}
+    out.update(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")))
+    return {k: getattr(v, "value", v) for k, v in out.items()}
+
+
+def on_this_machine(spec):
+    """hardware=cpu with this machine's measured model where it has one (each measured key the user
+    left as shipped takes the measured value), and the one line the plan says about it: which
+    measurement it uses, or that its CPU figure is not a prediction for this machine and how to
+    measure it. Other hardware comes back as it is, with no line."""
+    import dataclasses
+
+    from orchestrator.config.schema import KernelModel
+
+    hw = spec.hardware
+    if hw.name != "cpu":
+        return spec, None
+    record = cached()
+    if record is None:
+        return spec, (f"hardware=cpu: this machine is unmeasured, so the predicted step is not a prediction "
+                      f"for it: the stock preset's one efficiency is fitted to `make demo`'s layout (TP2 PP2 "
+                      f"DP2, 8 processes) on a 2-core host. Measure this machine once with `{PROBE_HOW}` "
+                      f"(about a minute; cached in {cache_dir() / 'probe'}, then used by every hardware=cpu plan "
+                      f"here).")
+    stock, got = stock_cpu(), record["hardware"]
+    changes = {}
+    for key in MEASURED_KEYS:
+        now = getattr(hw, key)
+        if key in got and getattr(now, "value", now) == stock.get(key):  # not overridden by the user
+            changes[key] = KernelModel(got[key]) if key == "kernel_model" else got[key]
+    spec = dataclasses.replace(spec, hardware=dataclasses.replace(hw, **changes))
+    return spec, (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
+                  f"{record.get('measured_at', '?')}, {cache_path()}); measure again after the machine "
+                  f"or torch changes")
 
 
 def tiny_spec(*overrides: str):
@@ -295,11 +433,26 @@ def pipeline_calls(world: int) -> tuple[float, float]:
     return _best(step, repeat=5, number=1), float(stage_s)
 
 
+# Each derived term and the raw figures it comes from (probe()'s gloo figures and the runtime's
+# model times, MODEL_TIMES): derive() records them beside the terms, so a preset's term can be
+# traced to what was timed.
+DERIVED_FROM = {
+    "dtensor_op_us": ("model_ms.tp", "model_ms.plain", "tp_call_us", "c10d_call_us"),
+    "cp_call_us": ("model_ms.cp", "model_ms.plain_cp_tokens"),
+    "fsdp_gather_us": ("model_ms.fsdp_gathers", "model_ms.plain"),
+    "fsdp_reduce_us": ("model_ms.fsdp_synced", "model_ms.fsdp_gathers"),
+    "optimizer_us": ("model_ms.adam",),
+    "dtensor_optimizer_us": ("model_ms.adam_tp", "model_ms.adam"),
+    "pp_microbatch_us": ("model_ms.pipelined_step", "model_ms.slowest_stage", "c10d_call_us"),
+}
+
+
 def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
-             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> dict:
+             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
     """The per-op and per-call costs the model's measurements leave once the calls the cost model
     counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
-    results in microseconds, as the preset holds them)."""
+    results in microseconds, as the preset holds them), and the terms whose measured difference
+    came out below zero (noise larger than the cost: zero in the preset, and named)."""
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.overheads import parameter_tensors
     from orchestrator.plan.plan import shape_plan
@@ -312,18 +465,21 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
     n = len(st.layers)
     redistributes, loss = 8 * n + 2 * (st.embeds + st.outputs), 4  # as overheads.host_calls counts them
     params = parameter_tensors(st, shaped.mm)
-    seconds = {
-        "dtensor_op_us": max(tp_mb - whole - redistributes * tp_call - loss * c10d, 0.0) / kernels,
-        "cp_call_us": max(cp_mb - short, 0.0) / (4 * n),
+    # (difference, per what): each cost is the model's time less what is counted, per op, call,
+    # unit, tensor or micro-batch
+    raw = {
+        "dtensor_op_us": (tp_mb - whole - redistributes * tp_call - loss * c10d, kernels),
+        "cp_call_us": (cp_mb - short, 4 * n),
         # FSDP2's units: every block and the root (overheads.host_calls)
-        "fsdp_gather_us": max(gathers - whole, 0.0) / (n + 1), "fsdp_reduce_us": max(synced - gathers, 0.0) / (n + 1),
-        "optimizer_us": opt_plain / params, "dtensor_optimizer_us": max(opt_tp - opt_plain, 0.0) / params,
+        "fsdp_gather_us": (gathers - whole, n + 1), "fsdp_reduce_us": (synced - gathers, n + 1),
+        "optimizer_us": (opt_plain, params), "dtensor_optimizer_us": (opt_tp - opt_plain, params),
         # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace, a
         # send and a receive per micro-batch and direction (plan/overheads.py); the rest is the
         # schedule's and PipelineStage's own host time per micro-batch
-        "pp_microbatch_us": max(pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d, 0.0)
-        / PIPE_MICROBATCHES}
-    return {k: v * 1e6 for k, v in seconds.items()}
+        "pp_microbatch_us": (pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d,
+                             PIPE_MICROBATCHES)}
+    floored = sorted(k for k, (d, _) in raw.items() if d < 0)
+    return {k: max(d, 0.0) / per * 1e6 for k, (d, per) in raw.items()}, floored
 
 
 def collectives(ranks: int = 2) -> dict:
@@ -351,13 +507,19 @@ MODEL_TIMES = ("plain", "plain_cp_tokens", "tp", "cp", "fsdp_gathers", "fsdp_syn
 
 def derive(measured: dict) -> dict:
     """What the raw figures of a probe (or the quietest of several) give: the per-op and per-call
-    costs of the runtime's model beyond the calls counted (_derived), and the cores' worth."""
+    costs of the runtime's model beyond the calls counted (_derived), and the cores' worth; with
+    `terms` (each preset key the probe fills -> the raw figures it comes from) and `floored` (the
+    derived terms whose measured difference was below zero, set to zero)."""
     out = dict(measured)
     g = dict(measured["gloo"])
-    model = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
-                     *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
+    model, floored = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
+                              *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
     g.update(model)
     out["gloo"] = g
+    # Where each of the preset's measured terms comes from (the raw figures timed for it), and
+    # which came out below zero and stand at zero: the preset's record of what it measured.
+    out["terms"] = {**MEASURED_FROM, **{k: tuple("gloo." + f for f in v) for k, v in DERIVED_FROM.items()}}
+    out["floored"] = floored
     ranks, allowed = g["ranks"], measured["cores_allowed"]
     # The cores the ranks really get: the same work in `ranks` processes at once against one alone
     # (other load on the host takes its share; ranks beyond these share their time).
@@ -401,7 +563,9 @@ def quietest(results: list[dict]) -> dict:
 
 
 def site_preset(measured: dict, base: dict) -> dict:
-    """The `cpu` preset (`base`) with the measured components in place of its rough figures."""
+    """The `cpu` preset (`base`) with the measured components in place of its rough figures.
+    Every key the probe fills comes from the measured figures (KeyError naming the figure when
+    one is missing), never from a default."""
     g = measured["gloo"]
     # The calls were timed with the probe's ranks sharing the cores they got; the preset holds
     # them per uncontended core (the cost model scales them by each layout's own core share).
@@ -411,7 +575,7 @@ def site_preset(measured: dict, base: dict) -> dict:
               hbm_gbps=round(measured["hbm_gbps"], 3), intra_node_gbps=round(g["bus_gbps"], 3),
               inter_node_gbps=round(g["bus_gbps"], 3), intra_node_latency_us=round(g["latency_us"], 2),
               inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
-              launch_overhead_us=round(measured.get("layer_op_us", measured["op_overhead_us"]), 3),
+              launch_overhead_us=round(measured["layer_op_us"], 3),
               host_cores=float(measured["host_cores"]),
-              **{k: round(g.get(k, 0.0) / shared, 2) for k in CALL_KEYS})
+              **{k: round(g[k] / shared, 2) for k in CALL_KEYS})
     return hw
