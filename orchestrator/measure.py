@@ -159,7 +159,8 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
     from omegaconf import OmegaConf
 
     from orchestrator.config.compose import compose, to_dict
-    from orchestrator.probe import derive, probe, quietest, site_preset, write_cache
+    from orchestrator.plan.machine import write_cache
+    from orchestrator.probe import derive, probe, quietest, site_preset
 
     if not (2 <= ranks <= 8 and ranks % 2 == 0):
         print(f"error: --ranks {ranks}: the gloo probe runs 2, 4, 6 or 8 local processes (the model is measured "

@@ -40,8 +40,7 @@ import socket
 import time
 
 
-CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us", "cp_call_us",
-             "optimizer_us", "dtensor_optimizer_us", "pp_microbatch_us")
+from orchestrator.plan.machine import CALL_KEYS
 # The preset keys the probe measures directly and the raw figures each is (derive()'s `terms`
 # adds the derived call costs, DERIVED_FROM; tp_call_us and c10d_call_us are timed as they are).
 MEASURED_FROM = {
@@ -52,135 +51,6 @@ MEASURED_FROM = {
     "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
 }
 PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
-
-
-# ---- the measured model, once per machine: cached, and used by hardware=cpu where present ----
-# (torch-free: the planner reads the cache; only measuring imports torch)
-
-CACHE_ENV = "ORCHESTRATOR_CACHE_DIR"  # default: $XDG_CACHE_HOME/orchestrator, else ~/.cache/orchestrator
-PROBE_HOW = "orchestrate-calibrate --probe"
-
-
-def cache_dir() -> "os.PathLike":
-    from pathlib import Path
-
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrator"
-
-
-def machine_key() -> dict:
-    """What a measurement holds for: this host, its CPU, the cores this process may use and the
-    torch release the ranks run (read from its metadata, not imported)."""
-    import importlib.metadata
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        torch = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch = "none"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"host": socket.gethostname(), "cpu": cpu, "cores": cores, "torch": torch}
-
-
-def cache_path(key: dict | None = None):
-    import hashlib
-    import json
-
-    key = key or machine_key()
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["host"])[:40]
-    return cache_dir() / "probe" / f"{host}-{digest}.json"
-
-
-def write_cache(hw: dict, measured: dict) -> "os.PathLike":
-    """Keep this machine's measured model (the site preset, each term's raw figures) for later plans."""
-    import json
-
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": machine_key(), "measured_at": time.strftime("%Y-%m-%d %H:%M"), "hardware": hw,
-              "terms": {k: list(v) for k, v in measured["terms"].items()}, "floored": measured["floored"],
-              "raw": _plain(measured)}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
-
-
-def _plain(x):
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items() if k not in ("terms", "floored")}
-    return x
-
-
-def cached() -> dict | None:
-    """This machine's cached measurement, or None (none, or unreadable: then measure again)."""
-    import json
-
-    try:
-        record = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("hardware"), dict) else None
-
-
-# the preset keys a measurement replaces in hardware=cpu (what the probe measures, and the kernel
-# model its figures are for)
-MEASURED_KEYS = ("peak_tflops", "gemm_efficiency", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
-                 "intra_node_latency_us", "inter_node_latency_us", "kernel_model", "launch_overhead_us",
-                 "host_cores", *CALL_KEYS)
-
-
-def stock_cpu() -> dict:
-    """hardware=cpu as shipped (conf/hardware/cpu.yaml over the schema's defaults), as plain values."""
-    import dataclasses
-
-    from omegaconf import OmegaConf
-
-    from orchestrator.config.paths import CONF_DIR
-    from orchestrator.config.schema import HardwareConfig
-
-    out = {f.name: f.default for f in dataclasses.fields(HardwareConfig) if f.default is not dataclasses.MISSING}
-    out.update(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")))
-    return {k: getattr(v, "value", v) for k, v in out.items()}
-
-
-def on_this_machine(spec):
-    """hardware=cpu with this machine's measured model where it has one (each measured key the user
-    left as shipped takes the measured value), and the one line the plan says about it: which
-    measurement it uses, or that its CPU figure is not a prediction for this machine and how to
-    measure it. Other hardware comes back as it is, with no line."""
-    import dataclasses
-
-    from orchestrator.config.schema import KernelModel
-
-    hw = spec.hardware
-    if hw.name != "cpu":
-        return spec, None
-    record = cached()
-    if record is None:
-        return spec, (f"hardware=cpu: this machine is unmeasured, so the predicted step is not a prediction "
-                      f"for it: the stock preset's one efficiency is fitted to `make demo`'s layout (TP2 PP2 "
-                      f"DP2, 8 processes) on a 2-core host. Measure this machine once with `{PROBE_HOW}` "
-                      f"(about a minute; cached in {cache_dir() / 'probe'}, then used by every hardware=cpu plan "
-                      f"here).")
-    stock, got = stock_cpu(), record["hardware"]
-    changes = {}
-    for key in MEASURED_KEYS:
-        now = getattr(hw, key)
-        if key in got and getattr(now, "value", now) == stock.get(key):  # not overridden by the user
-            changes[key] = KernelModel(got[key]) if key == "kernel_model" else got[key]
-    spec = dataclasses.replace(spec, hardware=dataclasses.replace(hw, **changes))
-    return spec, (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
-                  f"{record.get('measured_at', '?')}, {cache_path()}); measure again after the machine "
-                  f"or torch changes")
 
 
 def tiny_spec(*overrides: str):

@@ -372,7 +372,7 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
 
     from orchestrator.config.compose import compose, to_dict
     from orchestrator.measure import main as calibrate_main, probe_overrides
-    from orchestrator.probe import CALL_KEYS, MEASURED_KEYS, cache_path
+    from orchestrator.plan.machine import CALL_KEYS, MEASURED_KEYS, cache_path
 
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "site.yaml"
@@ -417,7 +417,7 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     plan takes each measured key the user left as shipped, and a key given on the command line
     wins. GPU presets are untouched either way."""
     from orchestrator.config.compose import compose, to_dict
-    from orchestrator.probe import CALL_KEYS, cache_path, write_cache
+    from orchestrator.plan.machine import CALL_KEYS, cache_path, write_cache
 
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path))
     run = ["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",

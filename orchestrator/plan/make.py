@@ -12,7 +12,7 @@ from orchestrator.plan.plan import Plan, plan_spec
 from orchestrator.plan.replan import after_node_loss
 from orchestrator.plan.search import search
 from orchestrator.plan.validate import check_values
-from orchestrator.probe import on_this_machine
+from orchestrator.plan.machine import on_this_machine
 
 
 def make_plan(cfg: Any) -> Plan:
