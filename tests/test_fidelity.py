@@ -617,3 +617,19 @@ def test_the_probed_call_costs_price_the_calls_this_runtime_issues():
     m = base.layout.microbatches
     assert priced.step.wall_compute - base.step.wall_compute == pytest.approx(m * 1e-3)
     assert priced.step.wall_pp_bubble > base.step.wall_pp_bubble
+
+
+def test_a_gpu_capped_below_its_tdp_runs_its_gemms_slower():
+    """hardware.power_cap_w below the preset's TDP (its datasheet's, hardware.tdp_w) slows the
+    arithmetic, by less than the power it gives up (the clock falls slower than the power), and
+    not the memory-bound work; a cap at TDP changes nothing; a negative cap, or a cap on a preset
+    that states no TDP, is refused with the key and a fix."""
+    run = ["hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=1", "layout.tp=8"]
+    full, at_tdp, capped = plan_of(*run), plan_of(*run, "hardware.power_cap_w=700"), plan_of(*run, "hardware.power_cap_w=350")
+    assert full.spec.hardware.tdp_w == 700 and at_tdp.step.wall_s == full.step.wall_s
+    assert full.step.wall_compute < capped.step.wall_compute < 2 * full.step.wall_compute
+    assert capped.mfu < full.mfu
+    bad = plan_of(*run, "hardware.power_cap_w=-5")
+    assert not bad.valid and bad.errors[0].key == "hardware.power_cap_w" and "range" in bad.errors[0].fix
+    no_tdp = plan_of(*run, "hardware.tdp_w=null", "hardware.power_cap_w=300")
+    assert not no_tdp.valid and no_tdp.errors[0].key == "hardware.power_cap_w" and "tdp_w" in no_tdp.errors[0].fix
