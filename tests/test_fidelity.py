@@ -244,10 +244,10 @@ def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evalua
     """orchestrator/plan/mfu_interval.json is what benchmarks/calibration.py --write-intervals
     computes from the leave-one-source-family-out predictions of the presets' fit; an interval
     calibrated without a family's own residuals covers most of that family's runs."""
-    from orchestrator.plan.uncertainty import build_table, coverage, load
+    from orchestrator.plan.uncertainty import coverage, load, shipped_table
 
     shipped = load()["groups"]
-    table = build_table([p for ps in evaluation.after_loso.values() for p in ps])["groups"]
+    table = shipped_table(evaluation.after_loso)["groups"]
     assert set(table) == set(shipped)
     for k, g in table.items():
         assert g["rows"] == shipped[k]["rows"], k
@@ -255,7 +255,7 @@ def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evalua
                                                                                                   abs=0.01), k
     cov = coverage(evaluation.after_loso)
     nested, rows = sum(c[1] for c in cov.values()), sum(c[2] for c in cov.values())
-    assert rows >= 85 and 0.7 <= nested / rows <= 0.95  # an 80% interval, judged on families it never saw
+    assert rows >= 85 and 0.8 <= nested / rows <= 0.95  # an 80% interval, judged on families it never saw
 
 
 def test_every_gpu_prediction_carries_an_interval_in_the_report_and_plan_json():

@@ -136,6 +136,9 @@ def on_this_machine(spec):
         if key in got and getattr(now, "value", now) == stock.get(key):  # not overridden by the user
             changes[key] = KernelModel(got[key]) if key == "kernel_model" else got[key]
     spec = dataclasses.replace(spec, hardware=dataclasses.replace(hw, **changes))
+    cores = got.get("host_cores")
     return spec, (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
-                  f"{record.get('measured_at', '?')}, {cache_path()}); measure again after the machine "
-                  f"or torch changes")
+                  f"{record.get('measured_at', '?')}, {cache_path()})"
+                  + (f", which found {cores:g} cores' worth free for the ranks: other load on the host "
+                     f"changes the step" if cores else "")
+                  + "; measure again after the machine, its load or torch changes")
