@@ -430,13 +430,17 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     base = to_dict(compose(["hardware=cpu"]))["hardware"]
     hw = dict(base, name="site", peak_tflops=0.04, gemm_efficiency=1.0, kernel_model="shape", launch_overhead_us=60.0,
               host_cores=2.0, **{k: 100.0 for k in CALL_KEYS})
-    write_cache(hw, {"terms": {}, "floored": [], "gloo": {}})
+    write_cache(hw, {"terms": {}, "floored": [], "gloo": {"ranks": 2}})
     assert cache_path().parent == tmp_path / "probe"
     measured = plan_of(*run)
     h = measured.spec.hardware
     assert (h.name, h.kernel_model.value, h.launch_overhead_us, h.fsdp_gather_us) == ("cpu", "shape", 60.0, 100.0)
     (line,) = [w for w in measured.warnings if w.startswith("hardware=cpu")]
     assert "measured model" in line and str(cache_path()) in line
+    assert "4 processes, more than the 2 the probe ran" in line and "--ranks 4" in line  # time-sharing: assumed
+    (line,) = [w for w in plan_of(*run[:2], "cluster.nodes=1", "hardware.gpus_per_node=2").warnings
+               if w.startswith("hardware=cpu")]
+    assert "measured model" in line and "more than" not in line
     assert measured.step.wall_s != stock.step.wall_s
     assert plan_of(*run, "hardware.fsdp_gather_us=7").spec.hardware.fsdp_gather_us == 7.0  # the user's key wins
 

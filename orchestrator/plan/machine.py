@@ -137,8 +137,13 @@ def on_this_machine(spec):
             changes[key] = KernelModel(got[key]) if key == "kernel_model" else got[key]
     spec = dataclasses.replace(spec, hardware=dataclasses.replace(hw, **changes))
     cores = got.get("host_cores")
+    probed = (record.get("raw") or {}).get("gloo", {}).get("ranks")
+    world = spec.cluster.nodes * hw.gpus_per_node
+    more = (f"; this layout runs {world} processes, more than the {probed} the probe ran at once: how they "
+            f"share the cores is assumed (evenly), not measured ({PROBE_HOW} --ranks {min(world, 8)} measures "
+            f"{min(world, 8)})" if probed and world > probed else "")
     return spec, (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
                   f"{record.get('measured_at', '?')}, {cache_path()})"
                   + (f", which found {cores:g} cores' worth free for the ranks: other load on the host "
                      f"changes the step" if cores else "")
-                  + "; measure again after the machine, its load or torch changes")
+                  + more + "; measure again after the machine, its load or torch changes")
