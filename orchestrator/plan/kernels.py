@@ -41,6 +41,14 @@ ceiling of each GPU generation (`hardware.gemm_efficiency`: Ampere, Hopper, Blac
 shared by every GPU, `cost.elementwise`, `cost.attention_efficiency`,
 `cost.fp8_gemm_efficiency` and `cost.launch_overhead_us`. Recomputation adds the forward
 work it re-runs. Element counts are per token, fwd + bwd, in 2-byte elements.
+
+Not modelled, because it made runs nobody fitted worse (#37, benchmarks/calibration.py, leave
+one source family out, 4.11 MFU points and 6.3% median throughput error without it): GEMM tile
+and wave quantisation from the shapes and the SM count (128x256, 256x128 and 128x128 tiles, the
+best of them; grouped over an MoE layer's local experts): with whole waves 4.40 points and 7.3%,
+with an under-filled single wave only 4.15 and 6.4%, with edge padding only 4.15 and 6.4%.
+Hopper's persistent and stream-K GEMM kernels balance the last wave, and the fitted
+gemm_efficiency already carries the average.
 """
 from __future__ import annotations
 
