@@ -47,8 +47,8 @@ one source family out, 4.11 MFU points and 6.3% median throughput error without 
 and wave quantisation from the shapes and the SM count (128x256, 256x128 and 128x128 tiles, the
 best of them; grouped over an MoE layer's local experts): with whole waves 4.40 points and 7.3%,
 with an under-filled single wave only 4.15 and 6.4%, with edge padding only 4.15 and 6.4%.
-Hopper's persistent and stream-K GEMM kernels balance the last wave, and the fitted
-gemm_efficiency already carries the average.
+A likely reason: cuBLAS's persistent and stream-K kernels balance the last wave, and the
+fitted gemm_efficiency already carries the average loss.
 """
 from __future__ import annotations
 
