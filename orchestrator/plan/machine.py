@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from functools import lru_cache
 
 # the per-call host costs the probe measures (hardware.*_us; plan/overheads.py counts the calls)
 CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us", "cp_call_us",
@@ -27,6 +28,7 @@ def cache_dir() -> "os.PathLike":
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrator"
 
 
+@lru_cache(maxsize=1)
 def machine_key() -> dict:
     """What a measurement holds for: this host, its CPU, the cores this process may use and the
     torch release the ranks run (read from its metadata, not imported)."""
@@ -51,7 +53,7 @@ def cache_path(key: dict | None = None):
     import hashlib
     import json
 
-    key = key or machine_key()
+    key = key or dict(machine_key())
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["host"])[:40]
     return cache_dir() / "probe" / f"{host}-{digest}.json"
@@ -63,7 +65,7 @@ def write_cache(hw: dict, measured: dict) -> "os.PathLike":
 
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": machine_key(), "measured_at": time.strftime("%Y-%m-%d %H:%M"), "hardware": hw,
+    record = {"key": dict(machine_key()), "measured_at": time.strftime("%Y-%m-%d %H:%M"), "hardware": hw,
               "terms": {k: list(v) for k, v in measured["terms"].items()}, "floored": measured["floored"],
               "raw": _plain(measured)}
     tmp = path.with_suffix(".tmp")
