@@ -119,7 +119,11 @@ class LocalJob:
 
             self.server = ForkServer(dict(full, **{k: str(v) for k, v in self.env.items()}),
                                      self._runtime_modules())
-        full.update({k: str(v) for k, v in {**self.env, **env}.items()})
+        for k, v in {**self.env, **env}.items():  # None: a variable this process must not inherit
+            if v is None:
+                full.pop(k, None)
+            else:
+                full[k] = str(v)
         if self.server is not None:
             p = self.server.spawn(full, str(self.run_dir))
         else:

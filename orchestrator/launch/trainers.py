@@ -5,7 +5,9 @@ Every rank runs the same command line (frameworks/trainers.py renders it from th
 plan.json) with torchrun's environment: RANK (placed so the framework's own groups are the
 plan's, frameworks/trainers.rank_map), LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the
 node's index), MASTER_ADDR, MASTER_PORT, plus ORCH_PLAN (this attempt's plan.json),
-ORCH_RUN_DIR (the run directory, the same for every attempt) and ORCH_ATTEMPT. A leading
+ORCH_RUN_DIR (the run directory, the same for every attempt) and ORCH_ATTEMPT, and what the
+framework needs there (frameworks/trainers.env: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS, set
+or removed). A leading
 `python` (or `python3`) word is the interpreter that starts the rank: the launcher's here,
 the image's under srun in a container (launcher.container_python).
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from orchestrator import rundir
 from orchestrator.launch.processes import LocalJob
 from orchestrator.frameworks.trainers import argv as render_argv
+from orchestrator.frameworks.trainers import env as framework_env
 from orchestrator.frameworks.trainers import external, files, rank_map
 
 PYTHONS = ("python", "python3")
@@ -52,10 +55,21 @@ def program(plan_dir: Path, python: str) -> list[str]:
     return [python, "-m", "orchestrator.launch.trainers", str(plan_dir), "--", *prepare(plan_dir)]
 
 
-def rank_env(plan_dir: Path, position: int, world: int) -> dict:
-    """The variables a rank adds to torchrun's (the caller sets LOCAL_*, GROUP_RANK, MASTER_*)."""
-    return {"RANK": str(rank_map(_plan(plan_dir))[position]), "WORLD_SIZE": str(world),
+def rank_env(plan_dir: Path, position: int, world: int) -> dict[str, str | None]:
+    """The variables a rank adds to torchrun's (the caller sets LOCAL_*, GROUP_RANK, MASTER_*);
+    None: a variable the rank's environment must not hold."""
+    pj = _plan(plan_dir)
+    return {**framework_env(pj), "RANK": str(rank_map(pj)[position]), "WORLD_SIZE": str(world),
             rundir.ENV_PLAN: str(Path(plan_dir) / rundir.PLAN_JSON)}
+
+
+def apply(environ, variables: dict[str, str | None]) -> None:
+    """Set each variable in `environ`, removing those given as None."""
+    for k, v in variables.items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
 
 
 def resolved(words: list[str]) -> list[str]:
@@ -94,8 +108,8 @@ def main() -> None:
     world, local = int(e["SLURM_NTASKS"]), int(e["SLURM_LOCALID"])
     per_node = world // int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
     node = int(e["SLURM_NODEID"])
-    e.update(rank_env(plan_dir, node * per_node + local, world), LOCAL_RANK=str(local),
-             LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node))
+    apply(e, {**rank_env(plan_dir, node * per_node + local, world), "LOCAL_RANK": str(local),
+              "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)})
     os.execvp(words[0], words)
 
 
