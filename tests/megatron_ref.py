@@ -1,5 +1,6 @@
 """Megatron-LM's layout rules, written down as Megatron states them, for the differential
-tests (test_megatron_rules.py, test_topology.py). Pure Python, independent of the planner.
+test (test_megatron_rules.py). Pure Python, independent of the planner. (The process groups
+themselves are checked against megatron-core's own code: tests/megatron_core.py.)
 
 Sources (NVIDIA/Megatron-LM main, d98e8a64dd; line numbers there):
   ps.py  = megatron/core/parallel_state.py (initialize_model_parallel, RankGenerator)

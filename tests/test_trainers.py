@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import megatron_core
 from conftest import ROOT, failovers, golden, losses_by_step, plan_of
-from megatron_ref import grids, rank_groups
 
 
 SMALL = ["hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=4", "training.global_batch=64", "launcher=slurm"]
@@ -236,28 +236,51 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
         assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
 
 
-@pytest.mark.parametrize("extra", LAYOUTS[:4] + [["model=tiny_moe", "layout.ep=4",
-                                                   "layout.tp=2", "layout.pp=2", "layout.zero=1"]],
-                         ids=lambda e: " ".join(e))
-def test_megatron_groups_from_rank_are_the_plans(extra):
-    """Megatron's RankGenerator from the rendered sizes and its order ('tp-cp-ep-pp-dp' when
-    --use-tp-pp-dp-mapping is rendered, initialize.py:395), as tests/megatron_ref.py ports it."""
-    from orchestrator.frameworks.trainers import argv, rank_map
+MEGATRON = LAYOUTS[:4] + [["layout.tp=2", "layout.dp_shard=2", "layout.zero=1"],
+                          ["model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.pp=2", "layout.zero=1"]]
+EXPERT_ORDERS = [["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
+                 ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
+                 ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]]
 
-    p = plan_of(*SMALL, "trainer=megatron", *extra)
-    assert p.valid, p.errors
+
+@pytest.fixture(scope="module")
+def megatron_groups() -> dict:
+    """Every Megatron plan of this file -> (plan, Megatron-Core's groups of RANKs), from one run of
+    megatron-core's own initialize_model_parallel (tests/megatron_core.py) on the rendered sizes and
+    the order Megatron-LM passes it ('tp-cp-ep-pp-dp' with --use-tp-pp-dp-mapping, initialize.py:395)."""
+    from orchestrator.frameworks.trainers import argv
+
+    keys = [tuple(e) for e in MEGATRON] + [("model=tiny_moe", *e) for e in EXPERT_ORDERS]
+    plans, cases = [], []
+    for key in keys:
+        p = plan_of(*SMALL, "trainer=megatron", *key)
+        assert p.valid, (key, p.errors)
+        f = flags(argv(p.to_json(), Path("/RUN")))
+        plans.append(p)
+        cases.append((p.world_size, megatron_core.kwargs_of(f, "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f
+                                                            else "tp-cp-ep-dp-pp")))
+    return dict(zip(keys, zip(plans, megatron_core.groups(cases))))
+
+
+@pytest.mark.parametrize("extra", MEGATRON, ids=lambda e: " ".join(e))
+def test_megatron_cores_own_groups_from_rank_are_the_plans(extra, megatron_groups):
+    """Megatron-Core's tensor, context, data (and, with copies of the distributed optimizer, the
+    shard), pipeline and expert groups, built by its own code from the RANK each GPU is given,
+    are the plan's groups on the plan's GPUs."""
+    from orchestrator.frameworks.trainers import rank_map
+
+    p, g = megatron_groups[tuple(extra)]
+    assert "refused" not in g, g
     pj = p.to_json()
-    args = argv(pj, Path("/RUN"))
-    f = flags(args)
-    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
-    tp, cp, pp = (int(f[f"--{k}-size"]) for k in ("tensor-model-parallel", "context-parallel", "pipeline-model-parallel"))
-    ep, etp = int(f.get("--expert-model-parallel-size", 1)), int(f.get("--expert-tensor-parallel-size", tp))
-    dense, expert = grids(p.world_size, tp, cp, pp, ep, etp)
-    _check(pj, {a: rank_groups(order, dense, a) for a in ("tp", "cp", "dp", "pp")}, p.spec.hardware.gpus_per_node)
-    if ep > 1:
+    ours = {a: g[megatron_core.DENSE[a]] for a in ("tp", "cp", "dp", "pp")}
+    if pj["layout"]["dp_replicate"] > 1:  # --num-distributed-optimizer-instances: the shard group inside a copy
+        ours["dps"] = g["INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"]
+    _check(pj, ours, p.spec.hardware.gpus_per_node)
+    if p.layout.ep > 1:
         pos = {r: q for q, r in enumerate(rank_map(pj))}
-        mine = {frozenset(pos[r] for r in g) for g in rank_groups(order, expert, "ep")}
-        assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+        for axis in ("ep", "etp", "edp"):
+            theirs = {frozenset(pos[r] for r in grp) for grp in g[megatron_core.EXPERT[axis]]}
+            assert theirs == {frozenset(x) for x in p.expert_grid().groups(axis).tolist()}, axis
 
 
 # ---- the example under trainer=command, through a node loss ---------------------------------
@@ -350,18 +373,17 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
                        "ORCH_RUN_DIR": str(tmp_path)}
 
 
-def _standin_expert_groups(p, trainer: str) -> set:
+def _framework_expert_groups(p, trainer: str, request) -> set:
     """The framework's EP groups from RANK (torchtitan: pd.py _build_mesh_with_ep with etp=1;
-    Megatron: its expert RankGenerator, megatron_ref.grids), as positions on the plan's GPUs."""
-    from orchestrator.frameworks.trainers import argv, rank_map
+    Megatron: megatron-core's own initialize_model_parallel), as positions on the plan's GPUs."""
+    from orchestrator.frameworks.trainers import rank_map
 
     pj = p.to_json()
-    f, lay = flags(argv(pj, Path("/RUN"))), pj["layout"]
+    lay = pj["layout"]
     pos = {r: q for q, r in enumerate(rank_map(pj))}
     if trainer == "megatron":
-        order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
-        _, expert = grids(p.world_size, lay["tp"], lay["cp"], lay["pp"], lay["ep"], lay["etp"])
-        groups = rank_groups(order, expert, "ep")
+        key = next(k for k, (q, _) in request.getfixturevalue("megatron_groups").items() if q is p)
+        groups = request.getfixturevalue("megatron_groups")[key][1][megatron_core.EXPERT["ep"]]
     else:
         tp, cp, ep, shard = lay["tp"], lay["cp"], lay["ep"], lay["dp_shard"]
         inner = ep // (cp * tp)
@@ -371,16 +393,16 @@ def _standin_expert_groups(p, trainer: str) -> set:
 
 
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
-def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli):
+def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli, request):
     from orchestrator.frameworks.trainers import placement_problems
 
     seen = set()
-    for extra in (["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
-                  ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
-                  ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]):
-        p = plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra)
+    for extra in EXPERT_ORDERS:
+        p = (request.getfixturevalue("megatron_groups")[("model=tiny_moe", *extra)][0] if trainer == "megatron"
+             else plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra))
         assert p.valid, p.errors
-        same = _standin_expert_groups(p, trainer) == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+        same = _framework_expert_groups(p, trainer, request) == {frozenset(g) for g in
+                                                                 p.expert_grid().groups("ep").tolist()}
         assert bool(placement_problems(p)) == (not same), extra
         seen.add(same)
     assert seen == {True, False}
