@@ -79,6 +79,15 @@ def _preview(cli, trainer: str) -> str:
     assert r.returncode == 0, r.stderr[-3000:]
     srun = (cli.dir / "slurm" / "preview.srun").read_text()
     assert srun.strip() in r.stdout  # shown, not only written
+    assert "--nodelist=<node[1-1024]> " in srun  # 1,024 nodes as SLURM writes a host list
+    env = r.stdout.split("each rank's environment", 1)[1]
+    for shown in ("MASTER_ADDR=<node1>", "WORLD_SIZE=8192", "LOCAL_WORLD_SIZE=8", "LOCAL_RANK=$SLURM_LOCALID",
+                  f"ORCH_PLAN={cli.dir}/plan.json", "RANK=the rank placed on GPU SLURM_NODEID x 8 + SLURM_LOCALID"):
+        assert shown in env, (shown, env)
+    if trainer == "megatron":  # Megatron-FSDP: the variable Megatron refuses at 1 is taken out
+        assert "CUDA_DEVICE_MAX_CONNECTIONS removed (unset)" in env
+    else:
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
     return srun.split(" -- ", 1)[1].replace(str(cli.dir), "RUN")
 
 
@@ -409,3 +418,93 @@ def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trai
     r = cli(*SMALL, "model=tiny_moe", f"trainer={trainer}", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]",
             "launcher.submit=false", "figures=false")
     assert r.returncode == 2 and "[layout.order, layout.ep]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---- what Megatron-LM's validate_args ties to the rank's environment and to the flags ---------
+ENV_KEYS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_DEVICE_MAX_CONNECTIONS"]
+_SHOW = f"import os, json; print(json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
+
+
+@pytest.mark.parametrize("extra,connections", [
+    (["layout.tp=2"], "1"),  # TP before Blackwell: 1 (arguments.py:1452-1479)
+    (["layout.tp=1", "layout.cp=2", "training.seq_len=8192"], "1"),  # CP likewise
+    (["layout.tp=2", "layout.zero=3"], None),  # Megatron-FSDP refuses 1 (arguments.py:1166): removed
+    (["layout.tp=1"], "inherited"),  # nothing asked: the job's own value stays
+])
+def test_megatron_ranks_get_the_cuda_connections_megatron_validates_locally_and_under_srun(tmp_path, extra,
+                                                                                         connections):
+    import json
+    import subprocess
+
+    from orchestrator.launch.trainers import TrainerJob
+
+    p = plan_of(*SMALL, "trainer=megatron", *extra)
+    assert p.valid, p.errors
+    pj = p.to_json()
+    want = "inherited" if connections == "inherited" else connections
+    # under srun: the task wrapper, from SLURM's environment, the job's own value set to 1
+    (tmp_path / "plan.json").write_text(json.dumps(pj))
+    env = dict(os.environ, SLURM_PROCID="9", SLURM_NTASKS="32", SLURM_NNODES="4", SLURM_NODEID="1", SLURM_LOCALID="1",
+               PYTHONPATH=str(ROOT), CUDA_DEVICE_MAX_CONNECTIONS="inherited")
+    r = subprocess.run([sys.executable, "-m", "orchestrator.launch.trainers", str(tmp_path), "--", "python", "-c",
+                        _SHOW], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["CUDA_DEVICE_MAX_CONNECTIONS"] == want
+    # locally: the same command line for a 2-GPU attempt of the same plan's trainer section
+    pj["config"]["trainer"]["command"] = f'python -c "{_SHOW}"'
+    pj["config"]["trainer"]["args"] = []
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "plan.json").write_text(json.dumps(pj))
+    job = TrainerJob(local, nodes=1, gpus_per_node=2, env={"CUDA_DEVICE_MAX_CONNECTIONS": "inherited"}, echo=False)
+    job.start()
+    assert job.wait(timeout=60).ok
+    for name in job.names:
+        got = json.loads((local / "logs" / f"{name}.log").read_text().splitlines()[0])
+        assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == want and got["WORLD_SIZE"] == "2"
+
+
+def test_megatron_fsdp_saves_in_its_own_format_and_the_other_shardings_in_megatrons_default():
+    from orchestrator.frameworks.trainers import argv
+
+    for zero, fmt in ((0, None), (1, None), (2, "fsdp_dtensor"), (3, "fsdp_dtensor")):
+        p = plan_of(*SMALL, "trainer=megatron", "layout.tp=8", f"layout.zero={zero}", "training.checkpoint.every=10")
+        assert p.valid, (zero, p.errors)
+        f = flags(argv(p.to_json(), Path("/RUN")))
+        assert f.get("--ckpt-format") == fmt and ("--use-megatron-fsdp" in f) == (zero >= 2), zero
+
+
+def test_deepseek_v3_renders_mla_moe_and_mtp_for_megatron_and_dualpipe_names_a_schedule_it_has():
+    from orchestrator.frameworks.trainers import argv
+
+    p = plan_of("recipe=deepseek_v3", "trainer=megatron", "launcher=slurm")  # DualPipe
+    assert [e.fix for e in p.errors if e.key == "schedule.name"][0].startswith("use schedule=1f1b"), p.errors
+    p = plan_of("recipe=deepseek_v3", "trainer=megatron", "launcher=slurm", "schedule=interleaved_1f1b")
+    assert p.valid, p.errors
+    m = p.spec.model
+    f = flags(argv(p.to_json(), Path("/RUN")))
+    assert "--multi-latent-attention" in f
+    assert (f["--q-lora-rank"], f["--kv-lora-rank"], f["--qk-head-dim"], f["--qk-pos-emb-head-dim"],
+            f["--v-head-dim"]) == tuple(str(x) for x in (m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.qk_nope_head_dim,
+                                                          m.mla.qk_rope_head_dim, m.mla.v_head_dim))
+    assert (f["--num-experts"], f["--moe-router-topk"], f["--moe-ffn-hidden-size"]) == ("256", "8", "2048")
+    assert f["--moe-layer-freq"] == "([0]*3+[1]*58)" and f["--moe-shared-expert-intermediate-size"] == "2048"
+    assert f["--moe-router-score-function"] == "sigmoid" and "--moe-router-enable-expert-bias" in f
+    assert "--moe-grouped-gemm" in f and f["--moe-token-dispatcher-type"] == "alltoall"
+    # node-limited routing: EP 64 spans 8 nodes of 8, each token reaches at most 4 of them
+    assert (f["--moe-router-num-groups"], f["--moe-router-group-topk"]) == ("8", "4")
+    assert f["--expert-model-parallel-size"] == "64" and f["--mtp-num-layers"] == "1"
+    stages = f["--pipeline-model-parallel-layout"].split("|")
+    assert stages[-1].endswith("mL")  # the MTP module after the last layer, before the loss
+
+
+def test_what_megatron_lm_refuses_in_the_router_is_refused_before_launch():
+    p = plan_of(*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "trainer=megatron", "model.moe.score=softmax")
+    assert [e.key for e in p.errors] == ["model.moe.bias_update_speed, model.moe.score"], p.errors
+    assert plan_of(*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "trainer=megatron",
+                   "model.moe.score=softmax", "model.moe.bias_update_speed=0").valid
+    # EP 20 over nodes of 8 spans 3 nodes: Megatron's 3 routing groups do not divide 20 experts
+    p = plan_of(*SMALL, "cluster.nodes=5", "training.global_batch=80", "model=tiny_moe", "layout.ep=20", "layout.tp=2",
+                "trainer=megatron",
+                "model.moe.experts=20", "model.moe.max_nodes_per_token=1")
+    assert [e.key for e in p.errors] == ["model.moe.max_nodes_per_token"], p.errors

@@ -63,6 +63,34 @@ def rank_env(plan_dir: Path, position: int, world: int) -> dict[str, str | None]
             rundir.ENV_PLAN: str(Path(plan_dir) / rundir.PLAN_JSON)}
 
 
+def task_env(plan_dir: Path, node: int, local: int, per_node: int, world: int) -> dict[str, str | None]:
+    """What an srun task sets for itself before it becomes the trainer (main)."""
+    return {**rank_env(plan_dir, node * per_node + local, world), "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
+
+
+def describe_task_env(plan_dir: Path, per_node: int, world: int) -> list[str]:
+    """task_env as the preview prints it: each variable once, with its rule where it varies."""
+    if not external(_plan(plan_dir)):
+        return ["(the built-in worker takes its rank from SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and ORCH_HOSTS: "
+                "train/worker.py)"]
+    ranks = rank_map(_plan(plan_dir))
+    shown = "; ".join(f"node {n + 1}: {' '.join(map(str, ranks[n * per_node:(n + 1) * per_node]))}"
+                      for n in range(min(2, world // per_node)))
+    out = []
+    for k, v in task_env(plan_dir, 0, 0, per_node, world).items():
+        if k == "RANK":
+            same = ranks == list(range(world))
+            out.append(f"RANK=the rank placed on GPU SLURM_NODEID x {per_node} + SLURM_LOCALID "
+                       f"({'the same number' if same else 'frameworks/trainers.rank_map'}: {shown}"
+                       f"{' ...' if world > 2 * per_node else ''})")
+        elif k in ("LOCAL_RANK", "GROUP_RANK"):
+            out.append(f"{k}=$SLURM_{'LOCALID' if k == 'LOCAL_RANK' else 'NODEID'}")
+        else:
+            out.append(f"{k}={v}" if v is not None else f"{k} removed (unset)")
+    return out
+
+
 def apply(environ, variables: dict[str, str | None]) -> None:
     """Set each variable in `environ`, removing those given as None."""
     for k, v in variables.items():
@@ -107,9 +135,7 @@ def main() -> None:
     e = os.environ
     world, local = int(e["SLURM_NTASKS"]), int(e["SLURM_LOCALID"])
     per_node = world // int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
-    node = int(e["SLURM_NODEID"])
-    apply(e, {**rank_env(plan_dir, node * per_node + local, world), "LOCAL_RANK": str(local),
-              "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)})
+    apply(e, task_env(plan_dir, int(e["SLURM_NODEID"]), local, per_node, world))
     os.execvp(words[0], words)
 
 
