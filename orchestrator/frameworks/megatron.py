@@ -161,28 +161,7 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
     out += [f"--micro-batch-size={lay['micro_batch']}", f"--global-batch-size={tr['global_batch']}",
             f"--seq-length={tr['seq_len']}", f"--max-position-embeddings={tr['seq_len']}",
             f"--train-iters={tr['steps']}", f"--seed={tr['seed']}"]
-    out += [f"--num-layers={m['layers']}", f"--hidden-size={m['hidden']}", f"--ffn-hidden-size={m['ffn_hidden']}",
-            f"--num-attention-heads={m['heads']}"]
-    if m["kv_heads"] != m["heads"]:
-        out += ["--group-query-attention", f"--num-query-groups={m['kv_heads']}"]
-    # rotary embeddings (the planner's model and the runtime's: rope_theta); Megatron's default is learned
-    out += ["--position-embedding-type=rope", f"--rotary-base={m['rope_theta']:g}"]
-    if m.get("head_dim"):
-        out.append(f"--kv-channels={m['head_dim']}")
-    if m["mlp"] == MLP.swiglu.value:
-        out.append("--swiglu")
-        # Llama/DeepSeek: RMSNorm, no biases (and Megatron's MoE biases need etp 1, transformer_config.py:2612)
-        out += ["--normalization=RMSNorm", "--disable-bias-linear"]
-    if not m["tied_embeddings"]:
-        out.append("--untie-embeddings-and-output-weights")
-    mla = m["mla"]
-    if mla["kv_lora_rank"]:
-        out += ["--multi-latent-attention", f"--q-lora-rank={mla['q_lora_rank']}",
-                f"--kv-lora-rank={mla['kv_lora_rank']}", f"--qk-head-dim={mla['qk_nope_head_dim']}",
-                f"--qk-pos-emb-head-dim={mla['qk_rope_head_dim']}", f"--v-head-dim={mla['v_head_dim']}"]
-    out += _moe_args(m["moe"], lay, m["layers"], cfg["hardware"]["gpus_per_node"])
-    if tr["mtp_depth"]:
-        out.append(f"--mtp-num-layers={tr['mtp_depth']}")
+    out += _model_args(m, lay, cfg["hardware"]["gpus_per_node"], tr["mtp_depth"])
     if tr["precision"] != Precision.fp32.value:
         out.append("--bf16")
     if tr["precision"] == Precision.fp8.value:
@@ -206,6 +185,33 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
     if ck["every"] > 0:
         folder = (ck["dir"] or f"{run_dir}/checkpoints").removeprefix("file://")
         out += [f"--save={folder}", f"--load={folder}", f"--save-interval={ck['every']}"]
+    return out
+
+
+def _model_args(m: dict, lay: dict, gpus_per_node: int, mtp: int) -> list[str]:
+    """The model's shape: attention (GQA or MLA), MLP, embeddings, experts, MTP."""
+    out = [f"--num-layers={m['layers']}", f"--hidden-size={m['hidden']}", f"--ffn-hidden-size={m['ffn_hidden']}",
+            f"--num-attention-heads={m['heads']}"]
+    if m["kv_heads"] != m["heads"]:
+        out += ["--group-query-attention", f"--num-query-groups={m['kv_heads']}"]
+    # rotary embeddings (the planner's model and the runtime's: rope_theta); Megatron's default is learned
+    out += ["--position-embedding-type=rope", f"--rotary-base={m['rope_theta']:g}"]
+    if m.get("head_dim"):
+        out.append(f"--kv-channels={m['head_dim']}")
+    if m["mlp"] == MLP.swiglu.value:
+        out.append("--swiglu")
+        # Llama/DeepSeek: RMSNorm, no biases (and Megatron's MoE biases need etp 1, transformer_config.py:2612)
+        out += ["--normalization=RMSNorm", "--disable-bias-linear"]
+    if not m["tied_embeddings"]:
+        out.append("--untie-embeddings-and-output-weights")
+    mla = m["mla"]
+    if mla["kv_lora_rank"]:
+        out += ["--multi-latent-attention", f"--q-lora-rank={mla['q_lora_rank']}",
+                f"--kv-lora-rank={mla['kv_lora_rank']}", f"--qk-head-dim={mla['qk_nope_head_dim']}",
+                f"--qk-pos-emb-head-dim={mla['qk_rope_head_dim']}", f"--v-head-dim={mla['v_head_dim']}"]
+    out += _moe_args(m["moe"], lay, m["layers"], gpus_per_node)
+    if mtp:
+        out.append(f"--mtp-num-layers={mtp}")
     return out
 
 
