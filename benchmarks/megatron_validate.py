@@ -54,6 +54,10 @@ TEMPLATES = [
     ["model=tiny_moe", "cluster.nodes=4", "layout.ep=8", "layout.tp=2", "layout.etp=1", "layout.pp=2",
      "training.global_batch=128", "layout.zero=1"],
     ["model=tiny_moe", "cluster.nodes=4", "layout.ep=4", "layout.tp=2", "layout.zero=3", "training.global_batch=128"],
+    ["model=tiny_moe", "cluster.nodes=2", "layout.ep=8", "training.precision=fp32", "training.global_batch=64",
+     "model.moe.score=softmax", "model.moe.bias_update_speed=0", "model.moe.aux_loss_coef=1e-4"],
+    ["model=llama3_8b", "cluster.nodes=4", "layout.tp=2", "layout.cp=4", "training.recompute=selective",
+     "training.seq_len=32768", "training.global_batch=32"],
     ["model=tiny_moe", "cluster.nodes=4", "layout.ep=16", "layout.tp=1", "model.moe.experts=32",
      "model.moe.max_nodes_per_token=1", "training.global_batch=128", "training.precision=fp8"],
 ]

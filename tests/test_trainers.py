@@ -508,3 +508,13 @@ def test_what_megatron_lm_refuses_in_the_router_is_refused_before_launch():
                 "trainer=megatron",
                 "model.moe.experts=20", "model.moe.max_nodes_per_token=1")
     assert [e.key for e in p.errors] == ["model.moe.max_nodes_per_token"], p.errors
+
+
+def test_a_rope_base_megatron_cannot_parse_is_refused_and_an_integral_one_rendered_as_an_integer():
+    from orchestrator.frameworks.trainers import argv
+
+    p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "model.rope_theta=1e6")
+    assert p.valid, p.errors
+    assert flags(argv(p.to_json(), Path("/RUN")))["--rotary-base"] == "1000000"  # argparse type=int
+    p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "model.rope_theta=12345.5")
+    assert [e.key for e in p.errors] == ["model.rope_theta"] and "12346" in p.errors[0].fix

@@ -75,6 +75,9 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"distributed optimizer only (--num-distributed-optimizer-instances, zero=1).",
                            "leave layout.dp_shard unset, or set layout.zero=1."))
     mla, moe = spec.model.mla, spec.model.moe
+    if spec.model.rope_theta != int(spec.model.rope_theta):
+        out.append(Problem("model.rope_theta", f"Megatron-LM's --rotary-base is an integer (arguments.py:2418); "
+                           f"rope_theta={spec.model.rope_theta}.", f"use model.rope_theta={round(spec.model.rope_theta)}."))
     if mla.kv_lora_rank and not (mla.q_lora_rank and mla.qk_rope_head_dim and mla.qk_nope_head_dim
                                  and mla.v_head_dim):
         out.append(Problem("model.mla", f"Megatron-LM's MLA takes every rank and head width (q_lora_rank "
@@ -195,7 +198,7 @@ def _model_args(m: dict, lay: dict, gpus_per_node: int, mtp: int) -> list[str]:
     if m["kv_heads"] != m["heads"]:
         out += ["--group-query-attention", f"--num-query-groups={m['kv_heads']}"]
     # rotary embeddings (the planner's model and the runtime's: rope_theta); Megatron's default is learned
-    out += ["--position-embedding-type=rope", f"--rotary-base={m['rope_theta']:g}"]
+    out += ["--position-embedding-type=rope", f"--rotary-base={int(m['rope_theta'])}"]
     if m.get("head_dim"):
         out.append(f"--kv-channels={m['head_dim']}")
     if m["mlp"] == MLP.swiglu.value:
