@@ -34,9 +34,17 @@ for world, kwargs in json.loads(CASES):
     ps.destroy_model_parallel()
     try:
         ps.initialize_model_parallel(**kwargs)
-        out.append({k: v for k, v in made.items() if not k.endswith("_GLOO")})
+        out.append({} if ONLY_REFUSALS else {k: v for k, v in made.items() if not k.endswith("_GLOO")})
     except (AssertionError, RuntimeError, ValueError) as e:
         out.append({"refused": f"{type(e).__name__}: {e}"})
+    if ONLY_REFUSALS:  # its two generators' pipeline groups, compared even where an earlier check refused
+        tp, cp, pp, ep = (kwargs.get(k, 1) for k in ("tensor_model_parallel_size", "context_parallel_size",
+                                                    "pipeline_model_parallel_size", "expert_model_parallel_size"))
+        etp = kwargs.get("expert_tensor_parallel_size") or tp
+        if world % (tp * cp * pp) == 0 and world % (etp * ep * pp) == 0:
+            dense = ps.RankGenerator(tp=tp, ep=1, dp=world // (tp * cp * pp), pp=pp, cp=cp, order=kwargs["order"])
+            expert = ps.RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order=kwargs["order"])
+            out[-1]["pp_groups_differ"] = dense.get_ranks("pp") != expert.get_ranks("pp")
 print("RESULT " + json.dumps(out))
 """
 
@@ -48,12 +56,13 @@ EXPERT = {"ep": "EXPERT_MODEL_PARALLEL_GROUP", "etp": "EXPERT_TENSOR_PARALLEL_GR
           "etp-ep-pp": "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"}
 
 
-def groups(cases: list[tuple[int, dict]]) -> list[dict[str, list[list[int]]]]:
+def groups(cases: list[tuple[int, dict]], only_refusals: bool = False) -> list[dict[str, list[list[int]]]]:
     """For each (world size, initialize_model_parallel keyword arguments): group_desc -> its
-    groups of ranks, in the order Megatron-Core creates them, or {"refused": why}."""
+    groups of ranks, in the order Megatron-Core creates them, or {"refused": why} (with
+    `only_refusals`, {} where it accepts)."""
     if not frameworks.installed(RELEASE):
         pytest.skip(f"{RELEASE} is not installed: python tests/frameworks.py (make test does)")
-    r = frameworks.run(RELEASE, f"CASES = {json.dumps(cases)!r}\n" + _CODE)
+    r = frameworks.run(RELEASE, f"CASES = {json.dumps(cases)!r}\nONLY_REFUSALS = {only_refusals}\n" + _CODE)
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
