@@ -1,7 +1,8 @@
 """As strict as the frameworks, and no stricter (issue 18).
 
 A differential test: seeded random layouts, each judged by Megatron-LM's rules as Megatron
-states them (tests/megatron_ref.py, one predicate per rule with the line it mirrors) and by
+states them (tests/megatron_ref.py, one predicate per rule with the line it mirrors; the rules
+on the rank order by Megatron-Core's own initialize_model_parallel, run on every layout) and by
 the planner, in both directions: what Megatron refuses the planner refuses, naming the key;
 what Megatron accepts the planner accepts, unless a difference the project keeps on purpose
 explains it (INTENDED below, each with its reason). Then the same layouts under the torch
