@@ -120,7 +120,8 @@ def check(arguments, gpt_config_from_args, overrides: list[str]) -> tuple[str, s
     from orchestrator import compose, make_plan
     from orchestrator.config.compose import typed
     from orchestrator.frameworks.trainers import argv
-    from orchestrator.launch.trainers import apply, rank_env
+    from orchestrator.launch.processes import apply
+    from orchestrator.launch.trainers import rank_env
 
     plan = make_plan(typed(compose([*overrides, "trainer=megatron", "launcher=slurm"])))
     if not plan.valid:

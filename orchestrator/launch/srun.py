@@ -42,6 +42,7 @@ from orchestrator.launch.status import read_status, steps_completed, write_statu
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
 
+
 def master_port(job: str, attempt: int) -> str:
     return str(15000 + (int(job) * 7 + attempt) % 20000)
 

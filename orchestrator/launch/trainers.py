@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch.processes import LocalJob
+from orchestrator.launch.processes import LocalJob, apply
 from orchestrator.frameworks.trainers import argv as render_argv
 from orchestrator.frameworks.trainers import env as framework_env
 from orchestrator.frameworks.trainers import external, files, rank_map
@@ -89,15 +89,6 @@ def describe_task_env(plan_dir: Path, per_node: int, world: int) -> list[str]:
         else:
             out.append(f"{k}={v}" if v is not None else f"{k} removed (unset)")
     return out
-
-
-def apply(environ, variables: dict[str, str | None]) -> None:
-    """Set each variable in `environ`, removing those given as None."""
-    for k, v in variables.items():
-        if v is None:
-            environ.pop(k, None)
-        else:
-            environ[k] = v
 
 
 def resolved(words: list[str]) -> list[str]:
