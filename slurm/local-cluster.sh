@@ -38,8 +38,12 @@ install_packages() {
   ((${#missing[@]} == 0)) && return 0
   say "installing Debian packages (missing: ${missing[*]})"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd mariadb-server >/dev/null
+  # apt drops to its _apt user for downloads; where /tmp is not world-writable (seen here: mode
+  # 700) that user cannot write its temporary files and `apt-get update` fails, so run it as root.
+  local sandbox=()
+  [[ $(stat -c %a /tmp) == 1777 ]] || sandbox=(-o APT::Sandbox::User=root)
+  apt-get "${sandbox[@]}" update -qq >/dev/null
+  apt-get "${sandbox[@]}" install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd mariadb-server >/dev/null
 }
 
 write_config() {
