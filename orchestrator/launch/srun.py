@@ -164,7 +164,8 @@ class SrunWorkers(Workers):
         from orchestrator.plan.timeouts import from_plan
 
         self.deadline = progress.deadline_s(plan, self.spec.failover)
-        self.settle = from_plan(plan, self.spec.failover)["settle_s"]
+        ladder = from_plan(plan, self.spec.failover)
+        self.settle, self.stall = ladder["settle_s"], ladder.get("stall_s")
 
     def _copies_on(self, node: str) -> list[int]:
         """The copies of the state with a rank on `node` (ranks are laid out node by node)."""
@@ -194,12 +195,17 @@ class SrunWorkers(Workers):
                 pending, first = [], None
                 if outcome is not None:
                     return outcome
+            if self.policy is not None and code is None and self.lost and self._left_behind():
+                self.stop()  # every member finished; what is left are a lost node's ranks that could not leave
+                code = self.proc.poll()
+                break
             if self.policy is not None:
                 self.policy.poll()
                 for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
                     stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
                                     self.spec.failover, 0, self.say)
-            late = progress.watch(self.run_dir, self.deadline, self.lost) if code is None and not self.crash else None
+            late = (progress.watch(self.run_dir, self.deadline, self.lost, stall=self.stall)
+                    if code is None and not self.crash else None)
             outcome = self._hung(late) if late is not None else None
             if outcome is not None:
                 return outcome
@@ -239,6 +245,16 @@ class SrunWorkers(Workers):
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / rundir.LOGS} (and attempt*/{rundir.LOGS})")
 
+    def _left_behind(self) -> bool:
+        """Every copy of the current generation said bye for SETTLE x 2 + poll: the step only waits on
+        the ranks of a node declared lost (frozen, unreachable) that could not leave themselves."""
+        coord = self.services.coordinator if self.services is not None else None
+        if coord is None or not coord.current.copies or not set(coord.current.copies) <= coord.finished:
+            self.finishing = None
+            return False
+        self.finishing = getattr(self, "finishing", None) or time.monotonic()
+        return time.monotonic() - self.finishing > 2 * self.settle + self.spec.launcher.poll_s
+
     def _hung(self, late) -> Outcome | None:
         """A rank past the progress deadline: every task dumps its Python stack into its log
         (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
@@ -255,9 +271,17 @@ class SrunWorkers(Workers):
         self.signal(signal.SIGUSR1)
         time.sleep(2.0)
         log = rundir.rank_log(self.plan_dir, late.task)
-        what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log))
+        what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log), self.stall)
         print(f"HANG: {what}", flush=True)
         self.lost.append(late.host)
+        if self.policy is not None:  # copies: its copies are known lost; the coordinator aborts the survivors'
+            current = set(self.services.coordinator.current.copies)  # collectives and they go on in place; the
+            copies = sorted(set(self.node_copies.get(late.host, ())) & current)  # copy's ranks leave (fenced)
+            if copies and not failover.why_not_in_place(self.policy.plan) and \
+                    not self.policy.copies_alive_for(len(current - set(copies))):
+                self.policy.detected = self.policy.detected or time.time()
+                self.services.coordinator.lost(copies)
+                return None
         self.stop()
         return Outcome(False, list(self.lost), what, now - late.time)
 

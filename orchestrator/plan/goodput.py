@@ -15,11 +15,13 @@ copy's place; the survivors wait at the step's boundary (time they would have sp
 anyway), then
 
     crash      no wait: the process died, its peers' connections reset at once
-    node       C: the survivors are blocked in the cross-copy all-reduce on a silent peer until
-               it gives up; SLURM naming the node (launcher.node_fail_wait_s) only confirms it
-               (plus Q when SLURM has not named it by then: nobody else does)
-    hang       min(D, C): the hung rank is named at the hang deadline and its node lost
-    partition  C + Q: a silent peer that nobody names: the coordinator waits the quorum for it
+    node       the first to know: SLURM naming the node (launcher.node_fail_wait_s) or its ranks'
+               beats stalled past S (plus the supervisor's poll); the coordinator then aborts the
+               survivors' cross-copy all-reduce (C only if nobody knew)
+    hang       S + poll: the stopped rank is named at the stall deadline (its peers beat that they
+               wait in the collective), its node lost, the survivors aborted
+    partition  C + Q: a peer cut off that still beats, that nobody names: the collective timeout,
+               the last resort, and the coordinator waits the quorum for it
     drain      no wait: planned, the drained copy trains on while the supervisor sees SLURM's drain
                (its next poll, launcher.poll_s) and gathers the settle window W; it leaves at the
                boundary of the step the change begins in
@@ -33,8 +35,20 @@ in place loses nothing to a drain (the node trains on and is left out of the nex
 
 Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
 repair pipeline (spare_copies: failures per REPAIR_S, plus one). Every failure takes its node out
-for REPAIR_S; a failure that finds the pool empty restarts (the Erlang loss formula, for failures
-at the job's MTBF). The supervisor lives on the first node: one node or partition failure in
+for REPAIR_S; a failure that finds the pool empty (the Erlang loss formula, for failures at the
+job's MTBF: no_spare_chance) shrinks the copies in place (the global batch split over one copy
+fewer: the job runs 1/copies slower until the next node is back, REPAIR_S / (spares + 1) on
+average) instead of restarting.
+
+Checkpoint levels (checkpoint_level): with copies in place only a restart reads a checkpoint back
+(the supervisor's node lost, a failure that cannot go on in place), so the plan prices a
+snapshot of each rank's state in a peer node's host memory (Gemini's, NVIDIA's local
+checkpointing): SNAPSHOT_GBPS to copy it off the GPU (the blocking part), sent to the peer and
+persisted to the file system in the background; its interval is Young/Daly's on the failures
+that restart (not on every failure: in place loses only the step in flight), a whole number of
+steps; a restart reads the peer's copy back at PEER_READ_GBPS and redoes half an interval.
+Without copies the file system checkpoint at the plan's Young/Daly interval is the level. (The
+runtime writes the file system level; the peer-memory level is the plan's pricing of it.) The supervisor lives on the first node: one node or partition failure in
 `nodes` takes it away (crashes, hangs and drains leave it running).
 """
 from __future__ import annotations
@@ -61,6 +75,8 @@ STORE_OPS_S = 25_000.0  # a TCPStore's service rate (benchmarks/failover_sim.py 
 RELAUNCH_S = 120.0  # a restart: every rank started again and its world formed, before the checkpoint is read
 REQUEUE_S = 300.0  # the supervisor's node lost: SLURM ends the job (NODE_FAIL) and starts it again (--requeue)
 REPAIR_S = 4 * 3600.0  # a failed node is back in service (as a spare) after this
+SNAPSHOT_GBPS = 50.0  # GB/s per GPU to copy its state into pinned host memory (PCIe 5 x16), the blocking part
+PEER_READ_GBPS = 25.0  # GB/s per GPU to read a peer node's host-memory snapshot back over the network
 
 
 def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
@@ -96,16 +112,34 @@ def erlang_b(servers: int, load: float) -> float:
 def waits(plan, t: dict | None = None) -> dict[str, float]:
     """{kind: seconds from the failure until the survivors can decide}, beyond the boundary of the
     step they would have reached anyway (the module docstring)."""
-    from orchestrator.plan.timeouts import ladder, node_confirm_s
+    from orchestrator.plan.timeouts import ladder, node_confirm_s, stall_s
 
     fo, lc = plan.spec.failover, plan.spec.launcher
     step_s = plan.step.wall_s
     t = t or plan.blast_radius.get("timeouts") or ladder(fo, step_s, plan.blast_radius["checkpoint_seconds"])
     c, q, d = t["collective_s"], t["quorum_s"], t["hang_deadline_s"]
+    stall = t.get("stall_s", stall_s(step_s, plan.blast_radius["checkpoint_seconds"], d))
     poll = float(getattr(lc, "poll_s", 0.0) or 0.0)  # the supervisor's look at its ranks (the local one: at once)
     named = node_confirm_s(lc) if lc.name.value == "slurm" else poll  # a node's loss told to the coordinator
-    return {"crash": 0.0, "node": c + (q if named >= c else 0.0), "hang": min(d, c), "partition": c + q,
+    return {"crash": 0.0, "node": min(named, stall + poll, c), "hang": min(stall + poll, c), "partition": c + q,
             "drain": 0.0}
+
+
+def checkpoint_level(plan, in_place: bool, restart_rate_s: float) -> dict:
+    """The level a restart reads from, its interval, its blocking cost and its read (module docstring)."""
+    br = plan.blast_radius
+    if not in_place:
+        every, ckpt_s = br["checkpoint_interval_s"], br["checkpoint_seconds"]
+        return {"level": "file_system", "interval_s": every, "blocking_s": ckpt_s, "read_s": ckpt_s,
+                "overhead": ckpt_s / every if every else 0.0}
+    d = plan.layout
+    per_gpu = br["checkpoint_bytes"] / max(1, d.tp * d.cp * d.pp * d.dp_shard)  # one copy's state, per rank
+    snap = per_gpu / (SNAPSHOT_GBPS * 1e9)
+    step = plan.step.wall_s
+    every = math.sqrt(2 * snap / restart_rate_s) if restart_rate_s > 0 else float("inf")
+    every = max(step, math.ceil(min(every, 7 * 86400.0) / step) * step) if step > 0 else every
+    return {"level": "peer_memory", "interval_s": every, "blocking_s": snap, "read_s": per_gpu / (PEER_READ_GBPS * 1e9),
+            "overhead": snap / every if every else 0.0}
 
 
 def goodput(plan, mix=FAILURE_MIX) -> dict:
@@ -115,30 +149,37 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     br = plan.blast_radius
     step_s = plan.step.wall_s
     in_place = why_not_in_place(plan) is None  # the launchers' own rule (copies, built-in runtime, no EP)
-    every = br["checkpoint_interval_s"]
-    if not every:
+    if not br["checkpoint_interval_s"]:
         return {"in_place": in_place, "lost_per_failure_s": 0.0, "predicted_ettr": 1.0}
-    ckpt_s, mtbf_s = br["checkpoint_seconds"], br["job_mtbf_hours"] * 3600.0
+    mtbf_s = br["job_mtbf_hours"] * 3600.0
     shares, wait = mix_shares(mix), waits(plan)
     rebuild = REBUILD_STORE_OPS * plan.world_size / STORE_OPS_S
-    restart = {k: wait[k] + RELAUNCH_S + ckpt_s + every / 2 for k in shares}
-    if not in_place:
-        restart["drain"] = 0.0  # planned: the node trains on and is left out of the next launch
     kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
     spares, spares_from = spare_copies(plan)
     p_empty = erlang_b(spares, REPAIR_S / mtbf_s) if in_place else 1.0
     # A failure that takes its node away (node, partition) takes the supervisor with it one time in
     # `nodes`: the job starts again (on SLURM, requeued). A crash, hang or drain leaves it running.
     p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)
+    restart_share = (p_supervisor * sum(shares[k] for k in SUPERVISOR_KINDS)) if in_place else 1.0
+    level = checkpoint_level(plan, in_place, restart_share / mtbf_s)
+    base = RELAUNCH_S + level["read_s"] + level["interval_s"] / 2  # started again, the state read, half redone
+    restart = {k: wait[k] + base for k in shares}
+    if not in_place:
+        restart["drain"] = 0.0  # planned: the node trains on and is left out of the next launch
     requeue = REQUEUE_S if plan.spec.launcher.name.value == "slurm" else 0.0
-    cost = {k: (1 - p_empty) * kept[k] + p_empty * restart[k] for k in shares}
-    for k in SUPERVISOR_KINDS:
-        cost[k] = p_supervisor * (restart[k] + requeue) + (1 - p_supervisor) * cost[k]
+    copies = max(1, plan.layout.dp_replicate)
+    short = REPAIR_S / (spares + 1) / copies if in_place else 0.0  # no spare: one copy short until a node is back
+    cost = {k: kept[k] + p_empty * short for k in shares} if in_place else dict(restart)
+    if in_place:
+        for k in SUPERVISOR_KINDS:
+            cost[k] = p_supervisor * (restart[k] + requeue) + (1 - p_supervisor) * cost[k]
     lost = sum(shares[k] * cost[k] for k in shares)
-    ettr = (1 - ckpt_s / every) * max(0.0, 1 - lost / mtbf_s)
+    ettr = (1 - level["overhead"]) * max(0.0, 1 - lost / mtbf_s)
     return {"in_place": in_place, "lost_per_failure_s": lost, "predicted_ettr": ettr,
             "by_kind": {k: {"share": shares[k], "in_place_s": kept[k] if in_place else None, "restart_s": restart[k]}
                         for k in shares},
             "spare_copies": spares if in_place else 0, "spares_from": spares_from if in_place else "",
-            "restart_share": p_empty + (1 - p_empty) * p_supervisor * sum(shares[k] for k in SUPERVISOR_KINDS),
-            "rebuild_s": rebuild}
+            "no_spare_chance": p_empty if in_place else 0.0, "restart_share": restart_share,
+            "checkpoint_level": level["level"], "checkpoint_interval_s": level["interval_s"],
+            "checkpoint_overhead": level["overhead"], "snapshot_s": level["blocking_s"], "restart_base_s": base,
+            "steps_lost_per_restart": level["interval_s"] / 2 / step_s if step_s else 0.0, "rebuild_s": rebuild}

@@ -1,11 +1,21 @@
 """The failover timeouts, ordered and derived from the plan's predicted step and checkpoint save
 (plan.md prints the ladder; plan.json holds it as blast_radius.timeouts). Torch-free.
 
-    settle window W  <  quorum Q  <  collective timeout C        and   hang deadline D  <  C
+    settle window W  <  quorum Q  <  collective timeout C        and   stall S  <=  hang deadline D  <  C
+
+A loss that is known is not waited for: when the supervisor or the coordinator knows a copy is
+lost (SLURM says its node is down, its leader's connection closed, its rank exited, its ranks
+stalled past S or D) the coordinator aborts the survivors' pending cross-copy collectives at
+once (launch/control.py `abort`, train/replicas.py) and they go on in place. C is the last
+resort, for a loss nobody noticed (a peer cut off that still beats).
 
 - D, the hang deadline (failover.progress_deadline_s): no rank made progress for this long ->
   the rank furthest behind is named and its node lost. DEADLINE_FACTOR x (predicted step +
   save), at least DEADLINE_FLOOR_S. Below C, so a hang is named before a collective gives up.
+- S, the stall deadline: a rank that has not reached the cross-copy collective while the
+  ranks waiting in it have waited this long (their beats say so: train/world.py, phase `wait`)
+  is the one that stopped; it is named and its node lost. STALL_FACTOR x (predicted step +
+  save), at least STALL_FLOOR_S, at most D. A straggler (1.3x-1.5x the step) stays below it.
 - W, the settle window (settle_s): failures seen within it after the first are
   one recovery (two nodes lost at once re-plan once). SETTLE_FRACTION of D, 1 .. 30 s.
 - Q, the quorum (failover.quorum_s): after the first copy reports a failure the coordinator
@@ -26,6 +36,7 @@ from orchestrator.config.errors import Problem
 
 DEADLINE_FACTOR = 10.0
 DEADLINE_FLOOR_S = 30.0
+STALL_FACTOR, STALL_FLOOR_S = 2.0, 10.0
 SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
 QUORUM_FLOOR_S = 10.0
 COLLECTIVE_FLOOR_S = 60.0
@@ -49,6 +60,11 @@ def detection_s(step_s: float, save_s: float, fo) -> float:
     return max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * (float(step_s or 0.0) + float(save_s or 0.0)))
 
 
+def stall_s(step_s: float, save_s: float, detection: float) -> float:
+    """S: how long the ranks waiting in a cross-copy collective wait on one that has not come."""
+    return min(float(detection), max(STALL_FLOOR_S, STALL_FACTOR * (float(step_s or 0.0) + float(save_s or 0.0))))
+
+
 def settle_s(detection: float) -> float:
     """W: how long to keep gathering failures after the first before deciding."""
     return min(SETTLE_MAX_S, max(SETTLE_MIN_S, SETTLE_FRACTION * float(detection)))
@@ -60,7 +76,8 @@ def ladder(fo, step_s: float, save_s: float) -> dict:
     w = settle_s(d)
     q = float(fo.quorum_s) if fo.quorum_s is not None else max(QUORUM_FLOOR_S, 2 * w)
     c = float(fo.timeout_s) if fo.timeout_s is not None else max(COLLECTIVE_FLOOR_S, 2 * d, 2 * q)
-    return {"hang_deadline_s": d, "settle_s": w, "quorum_s": q, "collective_s": c,
+    return {"hang_deadline_s": d, "stall_s": stall_s(step_s, save_s, d), "settle_s": w, "quorum_s": q,
+            "collective_s": c,
             "derived": [k for k, v in (("progress_deadline_s", fo.progress_deadline_s), ("quorum_s", fo.quorum_s),
                                        ("timeout_s", fo.timeout_s)) if v is None]}
 
@@ -69,7 +86,7 @@ def from_plan(plan: dict, fo) -> dict:
     """The ladder a plan.json dict holds (blast_radius.timeouts), or derived from its predicted
     step and save when it holds none: what the launchers wait by, as plan.md prints it."""
     t = (plan.get("blast_radius") or {}).get("timeouts")
-    if t:
+    if t and "stall_s" in t:
         return t
     return ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
                   float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
@@ -115,6 +132,12 @@ def lines(t: dict, node_fail_wait_s: float | None = None) -> list[str]:
     out = [f"- settle window {t['settle_s']:.1f} s < quorum {t['quorum_s']:.1f} s{how['quorum_s']} < collective "
            f"timeout {t['collective_s']:.1f} s{how['collective_s']}; hang deadline {t['hang_deadline_s']:.1f} s"
            f"{how['hang_deadline_s']} < collective timeout"]
+    if "stall_s" in t:
+        out.append(f"- stall deadline {t['stall_s']:.1f} s: a rank that has not reached the cross-copy collective "
+                   f"while its peers waited this long in it is named and its node lost")
+    out.append("- a loss that is known (SLURM's node down, a leader's connection closed, a rank exited, a stall or "
+               "hang named) aborts the survivors' pending cross-copy collectives at once and they go on in place; "
+               "the collective timeout is the last resort, for a loss nobody noticed")
     slurm = (f"{node_fail_wait_s:g} s (launcher.node_fail_wait_s)" if node_fail_wait_s else
              "SlurmdTimeout + 30 s, read from scontrol when the job starts (launcher.node_fail_wait_s)")
     out.append(f"- SLURM: a node whose ranks died is confirmed lost within {slurm}; the nodes SLURM reports "

@@ -51,6 +51,7 @@ class ControlServer:
         if hasattr(coordinator, "push"):
             coordinator.push = self.push
         self.dirty: set[int] = set()
+        self.lines = self.closes = 0  # lines handed over (or refused), connections closed: what tests wait on
         self._last: tuple = (None, b"")
         self.running = True
         self.last_tick = time.monotonic()
@@ -131,6 +132,7 @@ class ControlServer:
             self._refuse(conn, "oversized", close=True)
 
     def _line(self, conn: _Conn, line: bytes) -> None:
+        self.lines += 1
         try:
             nonce, seq, body = wire.decode(self.key, line)
         except wire.Refused as e:
@@ -218,6 +220,7 @@ class ControlServer:
             if self.by_copy.get(conn.copy) is conn:
                 del self.by_copy[conn.copy]
             self.coordinator.closed(conn.copy)
+        self.closes += 1
 
     def close(self) -> None:
         self.running = False
