@@ -667,6 +667,11 @@ class Sim:
         if kind == "crash":  # the processes are gone: the kernel closes the leader's connections
             for c in copies:
                 self.at(self.now + CONSTANTS["reset_s"], self.sup_closed, c)
+        elif kind in ("node", "partition"):  # the leader's node (node_of) silent: its connection unanswered
+            from orchestrator.plan.timeouts import keepalive_s
+
+            for c in copies:
+                self.at(self.now + keepalive_s(), self.sup_closed, c)
         for c in copies:  # children waiting on a crashed aggregator see the reset
             if c in self.agg and kind == "crash":
                 pass  # (handled when their messages meet the dead end: _send)
@@ -785,6 +790,12 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
     # the node (and, one time in `nodes`, the supervisor on it) gone: plan/goodput.SUPERVISOR_KINDS
     events = [(t, k, k in goodput.SUPERVISOR_KINDS and rng.random() < 1.0 / plan.spec.cluster.nodes)
               for t, k in zip(times, kinds)]
+    # the scenarios strike the copy's first node (its leader's); a node or partition failure strikes
+    # another node of the copy (nodes per copy - 1 times in nodes per copy): the copy's ranks stall
+    # short of the collective, what the hang scenario measures (the leader's connection stays up)
+    per = max(1, copy_size(plan) // plan.spec.hardware.gpus_per_node)
+    events = [(t, "hang" if k in ("node", "partition") and rng.random() >= 1.0 / per else k, hit)
+              for t, k, hit in events]
     costs = {k: (r["delay_s"] if r.get("recovered") and r.get("delay_s") is not None else None)
              for k, r in by_kind.items()}
     restart = CONSTANTS["node_down_s"] + g["restart_base_s"]  # restarted, the state read back, half an interval redone

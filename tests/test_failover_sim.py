@@ -40,10 +40,9 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
         # the failure is decided within the ladder's waits (a deadline, not a speed), and only then recovered
         assert r["detected_s"] <= r["wait_bound_s"] and r["detected_s"] <= r["recovery_s"], r
     assert r["max_wait_s"] <= r["wait_bound_s"], r  # no wait without end: no leader waited past the ladder
-    if kind in ("node", "hang", "two", "flap"):  # known lost (SLURM, or its beats stalled): aborted, not timed out
-        assert r["survivors_released"] == "abort", r
-    if kind == "partition":  # cut off and still beating: nobody knows; the collective timeout, the last resort
-        assert r["survivors_released"] == "found out", r
+    if kind in ("node", "hang", "two", "flap", "partition"):  # known lost (its leader's connection unanswered,
+        assert r["survivors_released"] == "abort", r  # its beats stalled): aborted, not timed out
+        assert r["detected_s"] < failover_sim.plan_of("2k-8").spec.failover.timeout_s, r
     # (how long recovery takes is the benchmark's to print: failover_sim.py, recovery_s beside wait_bound_s)
 
 

@@ -83,7 +83,7 @@ def test_a_warm_spare_takes_the_lost_copy_and_dp_stays(tmp_path, uninterrupted):
 
 def test_a_hung_copy_is_aborted_on_knowledge_not_on_the_collective_timeout(tmp_path, uninterrupted):
     """#36: rank 2 (copy 1, node 1) stops before step 4. Its peers beat that they wait on it in the
-    cross-copy all-reduce; at the stall deadline (10 s, far below the 120 s collective timeout) it is
+    cross-copy all-reduce; at the stall deadline (20 s, far below the 120 s collective timeout) it is
     named, the coordinator aborts the survivors' pending collectives (the job's store wakes every rank)
     and they go on in place; the hung node's ranks are killed only after. The event records how the
     survivors were released: by the abort, not by a reset or their collective's timeout."""

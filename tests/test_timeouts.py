@@ -56,6 +56,7 @@ def test_plan_md_prints_the_ladder_and_the_goodput(tmp_path):
     assert (f"settle window {t['settle_s']:.1f} s < quorum {t['quorum_s']:.1f} s (derived) < collective timeout "
             f"{t['collective_s']:.1f} s (derived); hang deadline {t['hang_deadline_s']:.1f} s (derived)") in md
     assert f"stall deadline {t['stall_s']:.1f} s" in md and "aborts the survivors' pending cross-copy" in md
+    assert f"TCP keepalive {t['keepalive_s']:.0f} s" in md
     assert "goodput: predicted ETTR" in md
 
 
@@ -88,11 +89,16 @@ def test_goodput_weighs_the_llama3_failure_mix_by_kind():
     t, g = plan.blast_radius["timeouts"], goodput.goodput(plan)
     cost = {k: v["in_place_s"] for k, v in g["by_kind"].items()}
     assert g["in_place"] and cost["crash"] == pytest.approx(g["rebuild_s"] + plan.step.wall_s)
-    # a partition nobody names is the collective timeout's; a hang or a dead node is known at the stall
-    # deadline (or SLURM's word, 330 s by default here) and aborted: the supervisor's poll after it
-    assert cost["partition"] == pytest.approx(cost["crash"] + t["collective_s"] + t["quorum_s"])
-    assert cost["hang"] == pytest.approx(cost["crash"] + t["stall_s"] + plan.spec.launcher.poll_s)
-    assert cost["drain"] == cost["crash"] < cost["hang"] == cost["node"] < cost["partition"]  # a drain is planned
+    # known, then aborted: a hang at the stall deadline (and the supervisor's poll); a node lost or cut off
+    # when its copy's leader's connection goes unanswered (K) or, on another node of the copy, when the
+    # copy's ranks stall; SLURM's word (330 s by default here) comes later. Never the collective timeout.
+    poll = plan.spec.launcher.poll_s
+    assert cost["hang"] == pytest.approx(cost["crash"] + t["stall_s"] + poll)
+    assert cost["crash"] + t["keepalive_s"] < cost["node"] == cost["partition"] < cost["hang"]
+    assert cost["drain"] == cost["crash"] and cost["hang"] < cost["crash"] + t["collective_s"]  # a drain is planned
+    one_node = goodput.goodput(plan_of(*failover_sim.CONFIGS["16k-8"], "launcher=slurm"))  # copies of one node
+    one = {k: v["in_place_s"] for k, v in one_node["by_kind"].items()}
+    assert one["partition"] == one["node"] == pytest.approx(one["crash"] + t["keepalive_s"])
     assert 0.9 < g["predicted_ettr"] < 1.0 and 0 < g["restart_share"] < 0.01
     # the supervisor's node is taken only by the kinds that take a node away (1 in `nodes` of them); a
     # failure that finds no spare shrinks the copies in place (Erlang's loss: the chance it finds none)

@@ -204,7 +204,7 @@ class SrunWorkers(Workers):
                 for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
                     stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
                                     self.spec.failover, 0, self.say)
-            late = (progress.watch(self.run_dir, self.deadline, self.lost, stall=self.stall)
+            late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall)
                     if code is None and not self.crash else None)
             outcome = self._hung(late) if late is not None else None
             if outcome is not None:
@@ -244,6 +244,15 @@ class SrunWorkers(Workers):
                            drained=list(self.drained))
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / rundir.LOGS} (and attempt*/{rundir.LOGS})")
+
+    def _gone(self) -> set:
+        """Hosts whose beats no longer count: lost, or (copies) every copy on them dropped by the
+        coordinator (a leader's connection closed, a copy fenced: its last beat is no one's wait)."""
+        gone = set(self.lost)
+        if self.policy is not None and self.services is not None:
+            current = set(self.services.coordinator.current.copies)
+            gone |= {n for n, cs in self.node_copies.items() if cs and not set(cs) & current}
+        return gone
 
     def _left_behind(self) -> bool:
         """Every copy of the current generation said bye for SETTLE x 2 + poll: the step only waits on

@@ -15,13 +15,16 @@ copy's place; the survivors wait at the step's boundary (time they would have sp
 anyway), then
 
     crash      no wait: the process died, its peers' connections reset at once
-    node       the first to know: SLURM naming the node (launcher.node_fail_wait_s) or its ranks'
-               beats stalled past S (plus the supervisor's poll); the coordinator then aborts the
-               survivors' cross-copy all-reduce (C only if nobody knew)
+    node       the first to know: SLURM naming the node (launcher.node_fail_wait_s); the leader's
+               connection unanswered past K when the node held its copy's leader (one node in the
+               copy's nodes), else the copy's ranks stalled short of the collective past S (plus the
+               supervisor's poll); the coordinator then aborts the survivors' cross-copy all-reduce
+               (C only if nobody knew)
     hang       S + poll: the stopped rank is named at the stall deadline (its peers beat that they
                wait in the collective), its node lost, the survivors aborted
-    partition  C + Q: a peer cut off that still beats, that nobody names: the collective timeout,
-               the last resort, and the coordinator waits the quorum for it
+    partition  as a node lost, without SLURM: K or S + poll (the leader's connection shares the cut
+               path; where it does not and the cut node holds the leader, not modelled here, it
+               is C + Q: the collective timeout, the last resort)
     drain      no wait: planned, the drained copy trains on while the supervisor sees SLURM's drain
                (its next poll, launcher.poll_s) and gathers the settle window W; it leaves at the
                boundary of the step the change begins in
@@ -112,7 +115,7 @@ def erlang_b(servers: int, load: float) -> float:
 def waits(plan, t: dict | None = None) -> dict[str, float]:
     """{kind: seconds from the failure until the survivors can decide}, beyond the boundary of the
     step they would have reached anyway (the module docstring)."""
-    from orchestrator.plan.timeouts import ladder, node_confirm_s, stall_s
+    from orchestrator.plan.timeouts import keepalive_s, ladder, node_confirm_s, stall_s
 
     fo, lc = plan.spec.failover, plan.spec.launcher
     step_s = plan.step.wall_s
@@ -121,8 +124,13 @@ def waits(plan, t: dict | None = None) -> dict[str, float]:
     stall = t.get("stall_s", stall_s(step_s, plan.blast_radius["checkpoint_seconds"], d))
     poll = float(getattr(lc, "poll_s", 0.0) or 0.0)  # the supervisor's look at its ranks (the local one: at once)
     named = node_confirm_s(lc) if lc.name.value == "slurm" else poll  # a node's loss told to the coordinator
-    return {"crash": 0.0, "node": min(named, stall + poll, c), "hang": min(stall + poll, c), "partition": c + q,
-            "drain": 0.0}
+    keep = t.get("keepalive_s", keepalive_s())
+    # a node that holds its copy's leader: the leader's connection is unanswered after K; another node of
+    # the copy: the copy's ranks stop short of the cross-copy collective and stall (S, then the poll)
+    d = plan.layout
+    lead = 1.0 / max(1.0, d.tp * d.cp * d.pp * d.dp_shard / plan.spec.hardware.gpus_per_node)
+    cut = lead * min(keep, c + q) + (1 - lead) * min(stall + poll, c + q)
+    return {"crash": 0.0, "node": min(named, cut, c), "hang": min(stall + poll, c), "partition": cut, "drain": 0.0}
 
 
 def checkpoint_level(plan, in_place: bool, restart_rate_s: float) -> dict:

@@ -15,7 +15,13 @@ resort, for a loss nobody noticed (a peer cut off that still beats).
 - S, the stall deadline: a rank that has not reached the cross-copy collective while the
   ranks waiting in it have waited this long (their beats say so: train/world.py, phase `wait`)
   is the one that stopped; it is named and its node lost. STALL_FACTOR x (predicted step +
-  save), at least STALL_FLOOR_S, at most D. A straggler (1.3x-1.5x the step) stays below it.
+  save), at least STALL_FLOOR_S, at most D. The others wait on a straggler (f - 1) x its step:
+  one up to twice as slow stays below it.
+- K, the control connection's keepalive (keepalive_s, stated: KEEPALIVE_*): a copy leader's
+  connection to the coordinator that goes unanswered this long (a node cut off, a dead machine
+  that sent no reset) errors, and the coordinator reads it as the copy lost (launch/control.py
+  `closed`), then aborts. It catches a partition only where the control connection shares the
+  cut path; a peer cut off from the collective's network alone is the collective timeout's.
 - W, the settle window (settle_s): failures seen within it after the first are
   one recovery (two nodes lost at once re-plan once). SETTLE_FRACTION of D, 1 .. 30 s.
 - Q, the quorum (failover.quorum_s): after the first copy reports a failure the coordinator
@@ -36,7 +42,25 @@ from orchestrator.config.errors import Problem
 
 DEADLINE_FACTOR = 10.0
 DEADLINE_FLOOR_S = 30.0
-STALL_FACTOR, STALL_FLOOR_S = 2.0, 10.0
+STALL_FACTOR, STALL_FLOOR_S = 1.0, 20.0
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 3  # TCP keepalive of the control connections
+
+
+def keepalive_s() -> float:
+    """K: an unanswered control connection errors after the idle time and every probe unanswered."""
+    return float(KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT)
+
+
+def keep_alive(sock) -> None:
+    """TCP keepalive (and an unacknowledged-data timeout) at K on a control connection, where the
+    platform has them (train/control_server.py, train/wire.py)."""
+    import socket
+
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT), ("TCP_USER_TIMEOUT", int(1000 * keepalive_s()))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
 QUORUM_FLOOR_S = 10.0
 COLLECTIVE_FLOOR_S = 60.0
@@ -76,7 +100,8 @@ def ladder(fo, step_s: float, save_s: float) -> dict:
     w = settle_s(d)
     q = float(fo.quorum_s) if fo.quorum_s is not None else max(QUORUM_FLOOR_S, 2 * w)
     c = float(fo.timeout_s) if fo.timeout_s is not None else max(COLLECTIVE_FLOOR_S, 2 * d, 2 * q)
-    return {"hang_deadline_s": d, "stall_s": stall_s(step_s, save_s, d), "settle_s": w, "quorum_s": q,
+    return {"hang_deadline_s": d, "stall_s": stall_s(step_s, save_s, d), "keepalive_s": keepalive_s(),
+            "settle_s": w, "quorum_s": q,
             "collective_s": c,
             "derived": [k for k, v in (("progress_deadline_s", fo.progress_deadline_s), ("quorum_s", fo.quorum_s),
                                        ("timeout_s", fo.timeout_s)) if v is None]}
@@ -86,7 +111,7 @@ def from_plan(plan: dict, fo) -> dict:
     """The ladder a plan.json dict holds (blast_radius.timeouts), or derived from its predicted
     step and save when it holds none: what the launchers wait by, as plan.md prints it."""
     t = (plan.get("blast_radius") or {}).get("timeouts")
-    if t and "stall_s" in t:
+    if t and "stall_s" in t and "keepalive_s" in t:
         return t
     return ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
                   float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
@@ -135,6 +160,9 @@ def lines(t: dict, node_fail_wait_s: float | None = None) -> list[str]:
     if "stall_s" in t:
         out.append(f"- stall deadline {t['stall_s']:.1f} s: a rank that has not reached the cross-copy collective "
                    f"while its peers waited this long in it is named and its node lost")
+    if "keepalive_s" in t:
+        out.append(f"- control connections: TCP keepalive {t['keepalive_s']:.0f} s; a leader's connection that goes "
+                   f"unanswered that long is its copy lost")
     out.append("- a loss that is known (SLURM's node down, a leader's connection closed, a rank exited, a stall or "
                "hang named) aborts the survivors' pending cross-copy collectives at once and they go on in place; "
                "the collective timeout is the last resort, for a loss nobody noticed")

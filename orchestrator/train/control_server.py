@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 
+from orchestrator.plan.timeouts import keep_alive
 from orchestrator.train import wire
 
 MAX_REFUSED = 64  # refused lines on one connection before it is closed
@@ -105,6 +106,7 @@ class ControlServer:
             except OSError:  # out of descriptors, a connect reset before accept: the next one may do
                 return
             sock.setblocking(False)
+            keep_alive(sock)  # a leader cut off (no reset) errors after K: its copy lost (plan/timeouts.py)
             conn = _Conn(sock, secrets.token_hex(16))
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, sock.fileno())

@@ -79,6 +79,7 @@ class Replicas:
         self.lost_by_abort: list[int] = []
         self._gen_changed = threading.Event()
         self._done = False
+        self.on_fenced = None  # called before a fenced rank leaves
         addr = os.environ.get(rundir.ENV_STORE)
         if addr:
             threading.Thread(target=self._watch_aborts, args=(addr,), name="abort-watch", daemon=True).start()
@@ -113,12 +114,10 @@ class Replicas:
             self.aborted = max(self.aborted, gen)
             if self.copy in dead and self.gen == gen:  # this copy was declared lost: it must not come back
                 log.info(f"copy {self.copy} was declared lost in generation {gen}: leaving the run (fenced)")
-                from orchestrator.rundir import EXIT_LEFT
-                from orchestrator.train import world
-
-                world.forget_beat()
+                if self.on_fenced is not None:
+                    self.on_fenced()  # (the trainer's: its progress beat forgotten, a dismissed copy is no hang)
                 logging.shutdown()
-                os._exit(EXIT_LEFT)
+                os._exit(rundir.EXIT_LEFT)
             while self.gen == gen and not self._done:
                 self._gen_changed.wait(1.0)
                 self._gen_changed.clear()

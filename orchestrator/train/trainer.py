@@ -101,6 +101,7 @@ class Trainer:
             first = [self.place.copy] if self.joining else list(range(self.lay["dp_replicate"]))
             self.replicas = Replicas(job_store, os.environ.get(rundir.ENV_CONTROL), self.place.copy, self.place.local,
                                      dist.get_world_size(), self.spec.failover.timeout_s, first)
+            self.replicas.on_fenced = world.forget_beat  # a copy declared lost leaves: its last beat is no hang
 
     def build(self) -> None:
         """Model chunks, one optimizer per chunk (torchtitan's way: each chunk's state dict then
