@@ -45,6 +45,7 @@ class Beat:
     host: str = ""  # the host it runs on (SLURMD_NODENAME under SLURM)
     task: int = -1  # its SLURM task id (its log is rank<task>.log); -1 outside SLURM
     waiting: bool = False  # in the step's cross-copy collective, waiting on the other copies
+    crashed: bool = False  # it ended with an error of its own (train/world.crashed_beat), not a peer's
 
 
 def read(run_dir: Path, pids=None) -> dict[int, Beat]:
@@ -55,7 +56,8 @@ def read(run_dir: Path, pids=None) -> dict[int, Beat]:
     for f in d.glob("*") if d.exists() else ():
         try:
             step, phase, t, pid, rank, host, task = f.read_text().split()
-            b = Beat(int(pid), int(step), phase == "end", float(t), int(rank), host, int(task), phase == "wait")
+            b = Beat(int(pid), int(step), phase == "end", float(t), int(rank), host, int(task), phase == "wait",
+                     phase == "crashed")
         except (OSError, ValueError):  # gone, or being written
             continue
         if pids is None or b.pid in pids:
@@ -106,6 +108,13 @@ def watch(run_dir: Path, deadline: float, lost=(), now: float | None = None, sta
     ended well removed its own), by `hung`."""
     beats = {p: b for p, b in read(run_dir).items() if b.host not in lost}
     return hung(beats, time.time() if now is None else now, deadline, stall)
+
+
+def crashed(run_dir: Path, lost=()) -> Beat | None:
+    """A rank that said it ended with an error of its own (its node is up: its process ended), the
+    first to say so; None when none did."""
+    beats = [b for b in read(run_dir).values() if b.crashed and b.host not in lost]
+    return min(beats, key=lambda b: b.time) if beats else None
 
 
 def verdict(beat: Beat, who: str, node, now: float, deadline: float, log: str, stall: float | None = None) -> str:

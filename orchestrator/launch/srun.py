@@ -204,6 +204,9 @@ class SrunWorkers(Workers):
                 for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
                     stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
                                     self.spec.failover, 0, self.say)
+            hit = progress.crashed(self.run_dir, self.lost) if code is None and self.policy is None else None
+            if hit is not None:  # one copy: its peers would wait out their collective timeout on it
+                return self._crashed(hit)
             late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall)
                     if code is None and not self.crash else None)
             outcome = self._hung(late) if late is not None else None
@@ -244,6 +247,24 @@ class SrunWorkers(Workers):
                            drained=list(self.drained))
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / rundir.LOGS} (and attempt*/{rundir.LOGS})")
+
+    def _crashed(self, beat) -> Outcome:
+        """A rank said it ended with an error of its own (its beat; its node is up): the step is
+        stopped now, not after its peers' collective timeout, and the run goes on as after a crash."""
+        from orchestrator.launch.processes import last_error
+
+        detected = max(0.0, time.time() - beat.time)
+        error, until = "", time.monotonic() + 5.0  # its error line reaches its log through srun (bounded)
+        while time.monotonic() < until:
+            error = last_error(self.plan_dir / rundir.LOGS, f"rank{beat.task}")
+            if "Error" in error.split(":", 1)[0] or "Exception" in error.split(":", 1)[0]:
+                break
+            time.sleep(0.2)
+        print(f"rank {beat.rank} on {beat.host} crashed ({error}); the step is stopped now (its peers would wait "
+              f"their collective timeout)", flush=True)
+        self.stop()
+        return Outcome(False, [], f"a rank crashed ({error}); the step was stopped at once", detected, crashed=True,
+                       error=error, drained=list(self.drained))
 
     def _gone(self) -> set:
         """Hosts whose beats no longer count: lost, or (copies) every copy on them dropped by the
