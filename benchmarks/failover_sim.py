@@ -833,8 +833,9 @@ def main() -> None:
         return
     print("constants (stated; store_ops_s measured when torch is there):",
           ", ".join(f"{k}={v:g}" for k, v in CONSTANTS.items()))
-    cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "wait_bound_s",
-            "max_wait_s", "steps_lost", "healthy_evicted", "commit_p50_s", "commit_p99_s", "step_s"]
+    cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "delay_s",
+            "survivors_released", "wait_bound_s", "max_wait_s", "steps_lost", "healthy_evicted", "commit_p50_s",
+            "commit_p99_s", "step_s"]
     print(" ".join(f"{c:>15s}" for c in cols))
     for r in rows:
         print(" ".join(f"{_fmt(r.get(c)):>15s}" for c in cols))
