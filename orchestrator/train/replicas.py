@@ -103,11 +103,13 @@ class Replicas:
                 self._gen_changed.wait(1.0)
                 self._gen_changed.clear()
                 continue
-            key = rundir.abort_key(gen)
+            key, t0 = rundir.abort_key(gen), time.monotonic()
             try:
                 store.wait([key], timedelta(seconds=30))
                 dead = json.loads(store.get(key).decode() or "[]")
             except (RuntimeError, dist.DistError, ValueError):
+                if time.monotonic() - t0 < 1.0:  # the store is gone (the run is ending): do not spin
+                    time.sleep(1.0)
                 continue  # not yet (the wait's own bound): look again
             if dead:
                 self.lost_by_abort = list(dead)
