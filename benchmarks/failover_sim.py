@@ -737,18 +737,31 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
 
 
 def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, requeue_s: float, repair_s: float,
-          copies: int) -> dict:
+          copies: int, end_s: float | None = None) -> dict:
     """The replay's arithmetic on given costs. `events`: (time, kind, supervisor_hit) in time order;
     `costs`: {kind: seconds the run loses when the copies recover in place (a scenario's delay_s), or
     None when the scenario did not recover (it is charged a restart, never nothing)}. Each in-place
-    failure takes a warm spare for `repair_s`; one that finds none left shrinks the copies in place
-    (the same loss, and the job runs one copy short, 1/copies of its speed lost, until the next
-    failed node is back from repair and rejoins); the supervisor's node lost restarts (+ requeue_s)."""
-    back: list[float] = []  # when the failed nodes return to the pool
+    failure takes a warm spare and sends its node to repair for `repair_s`; one that finds none left
+    shrinks the copies in place (the same loss, and the job runs one copy short, 1/copies of its
+    speed lost, until a node is back from repair: a node back fills a shortage first, then the
+    pool); the supervisor's node lost restarts (+ requeue_s). Shortages still open at `end_s` are
+    charged up to it."""
+    back: list[float] = []  # when the failed nodes are back from repair
+    short: list[float] = []  # when each open shortage (a copy missing, no spare) began
     pool, lost, restarts, shrinks, unrecovered, short_s = spares, 0.0, 0, 0, 0, 0.0
+
+    def returns(until: float) -> None:
+        nonlocal pool, lost, short_s
+        for b in sorted(x for x in back if x <= until):
+            back.remove(b)
+            if short:  # it rejoins the job where a copy is missing
+                gap = b - short.pop(0)
+                short_s += gap
+                lost += gap / copies
+            else:
+                pool += 1
     for t, kind, supervisor_hit in events:
-        pool += sum(1 for b in back if b <= t)
-        back = [b for b in back if b > t]
+        returns(t)
         cost = costs.get(kind)
         if supervisor_hit or cost is None:
             restarts += 1
@@ -759,11 +772,14 @@ def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, reque
         back.append(t + repair_s)
         if pool == 0:  # no spare: the survivors go on with one copy fewer until a node is back
             shrinks += 1
-            short = min(back) - t
-            short_s += short
-            lost += short / copies
+            short.append(t)
         else:
             pool -= 1
+    if end_s is not None:
+        returns(end_s)
+        for since in short:
+            short_s += end_s - since
+            lost += (end_s - since) / copies
     return {"lost_s": lost, "restarts": restarts, "no_spare": shrinks, "unrecovered": unrecovered,
             "short_copy_hours": short_s / 3600}
 
@@ -800,13 +816,15 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
              for k, r in by_kind.items()}
     restart = CONSTANTS["node_down_s"] + g["restart_base_s"]  # restarted, the state read back, half an interval redone
     out = tally(events, costs, spares, restart, CONSTANTS["requeue_s"], CONSTANTS["repair_s"],
-                plan.layout.dp_replicate)
+                plan.layout.dp_replicate, T)
     overhead = g["checkpoint_overhead"]  # the blocking part of the plan's checkpoint level
     ettr = (T - out["lost_s"]) / T * (1 - overhead)
     predicted = g["predicted_ettr"]
     return {"replay": "llama3_54_days", "config": name, "interruptions": len(kinds), "days": days,
             "warm_spare_copies": spares, "spare_gpu_share": round(spares / (plan.layout.dp_replicate + spares), 4),
             "restarts": out["restarts"], "no_spare": out["no_spare"], "unrecovered": out["unrecovered"],
+            "no_spare_share": round(out["no_spare"] / max(1, len(kinds)), 4),
+            "short_copy_hours": round(out["short_copy_hours"], 1),
             "plan_no_spare_chance": round(g["no_spare_chance"], 4), "lost_hours": round(out["lost_s"] / 3600, 2),
             "restart_s": round(restart, 1), "checkpoint_level": g["checkpoint_level"],
             "checkpoint_interval_s": round(g["checkpoint_interval_s"], 1), "checkpoint_overhead": round(overhead, 5),

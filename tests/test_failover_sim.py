@@ -63,10 +63,16 @@ def test_the_replay_charges_given_costs():
           (400.0, "node", True)]
     got = failover_sim.tally(ev, {"crash": 10.0, "node": 30.0, "hang": None}, spares=1, restart_s=1000.0,
                              requeue_s=500.0, repair_s=100.0, copies=4)
-    # t=0 takes the spare (back at 100); t=50 finds none: shrinks until t=100 (50 s x 1/4);
-    # t=200 takes the spare again; the hang did not recover: a restart; t=400: the supervisor's node
+    # t=0 takes the spare (its node back at 100); t=50 finds none: shrinks until the node back at 100
+    # rejoins (50 s x 1/4); t=50's node back at 150 refills the pool; t=200 takes the spare again; the hang
+    # did not recover: a restart; t=400: the supervisor's node
     assert got["lost_s"] == pytest.approx(10 + (10 + 50 / 4) + 30 + 1000 + 1500)
     assert (got["restarts"], got["no_spare"], got["unrecovered"]) == (2, 1, 1)
+    # no spare at all: every in-place failure shrinks; a node back rejoins (it does not refill the pool)
+    none = failover_sim.tally([(0.0, "crash", False), (10.0, "crash", False), (500.0, "crash", False)],
+                              {"crash": 1.0}, 0, 1000.0, 500.0, 100.0, copies=2, end_s=1000.0)
+    assert none["no_spare"] == 3 and none["short_copy_hours"] == pytest.approx((100 + 100 + 100) / 3600)
+    assert none["lost_s"] == pytest.approx(3 * 1.0 + 300 / 2)
     plenty = failover_sim.tally(ev[:4], {"crash": 10.0, "node": 30.0, "hang": 5.0}, 10, 1000.0, 500.0, 100.0, 4)
     assert plenty["lost_s"] == pytest.approx(55.0) and plenty["restarts"] == plenty["no_spare"] == 0
 
