@@ -84,3 +84,15 @@ def test_an_unrecovered_scenario_is_charged_a_restart(rows):
     assert base["interruptions"] == round(419 * 2048 / 16384) and base["unrecovered"] == 0
     assert worse["unrecovered"] > 0 and worse["restarts"] == base["restarts"] + worse["unrecovered"]
     assert worse["lost_hours"] > base["lost_hours"] + worse["unrecovered"] * (worse["restart_s"] - 60) / 3600
+
+
+def test_the_plan_prices_each_failure_kind_as_the_simulation_measures_it(rows):
+    """What the plan says a failure of each kind costs in place (plan/goodput.py: the wait until it is
+    known, the rebuild, the step redone) against the delay the simulation measures for it at 2,048
+    ranks: a plan that ignored failures, or a simulation that lost the abort, would be far off."""
+    from orchestrator.plan import goodput
+
+    g = goodput.goodput(failover_sim.plan_of("2k-8"))
+    for kind in ("crash", "node", "hang", "partition", "drain"):
+        plan_s, sim_s = g["by_kind"][kind]["in_place_s"], rows[kind]["delay_s"]
+        assert abs(plan_s - sim_s) <= max(0.25 * sim_s, 3.0), (kind, plan_s, sim_s)
