@@ -101,11 +101,14 @@ def test_goodput_weighs_the_llama3_failure_mix_by_kind():
     assert one["partition"] == one["node"] == pytest.approx(one["crash"] + t["keepalive_s"])
     assert 0.9 < g["predicted_ettr"] < 1.0 and 0 < g["restart_share"] < 0.01
     # the supervisor's node is taken only by the kinds that take a node away (1 in `nodes` of them); a
-    # failure that finds no spare shrinks the copies in place (Erlang's loss: the chance it finds none)
+    # failure that finds no spare shrinks the copies in place (the chance it finds none: every failed node in
+    # repair, a Poisson count; the pool the smallest that keeps it under SPARE_MISS)
     mix = [("a", 1, "crash")]
     crash_only = goodput.goodput(plan, mix)
     assert crash_only["restart_share"] == 0.0 and crash_only["no_spare_chance"] == pytest.approx(
-        goodput.erlang_b(g["spare_copies"], goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600)))
+        goodput.no_spare_chance(g["spare_copies"], goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600)))
+    assert crash_only["no_spare_chance"] <= goodput.SPARE_MISS < goodput.no_spare_chance(
+        g["spare_copies"] - 1, goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600))
     # the checkpoint level: a peer-memory snapshot at Young/Daly's interval on the failures that restart
     assert g["checkpoint_level"] == "peer_memory" and g["checkpoint_overhead"] == pytest.approx(
         g["snapshot_s"] / g["checkpoint_interval_s"])
@@ -119,8 +122,11 @@ def test_goodput_weighs_the_llama3_failure_mix_by_kind():
         one_copy.blast_radius["checkpoint_interval_s"])
 
 
-def test_erlang_loss():
-    from orchestrator.plan.goodput import erlang_b
+def test_the_chance_a_failure_finds_no_spare():
+    """P(at least s of the failed nodes still in repair), their count Poisson with mean `load`."""
+    import math
 
-    assert erlang_b(0, 1.3) == 1.0 and erlang_b(1, 1.0) == pytest.approx(0.5)
-    assert erlang_b(3, 1.3) == pytest.approx((1.3 ** 3 / 6) / (1 + 1.3 + 1.3 ** 2 / 2 + 1.3 ** 3 / 6))
+    from orchestrator.plan.goodput import no_spare_chance
+
+    assert no_spare_chance(0, 1.3) == 1.0 and no_spare_chance(1, 1.0) == pytest.approx(1 - math.exp(-1.0))
+    assert no_spare_chance(3, 1.3) == pytest.approx(1 - math.exp(-1.3) * (1 + 1.3 + 1.3 ** 2 / 2))

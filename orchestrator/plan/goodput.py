@@ -37,11 +37,14 @@ wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half th
 in place loses nothing to a drain (the node trains on and is left out of the next launch).
 
 Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
-repair pipeline (spare_copies: failures per REPAIR_S, plus one). Every failure takes its node out
-for REPAIR_S; a failure that finds the pool empty (the Erlang loss formula, for failures at the
-job's MTBF: no_spare_chance) shrinks the copies in place (the global batch split over one copy
-fewer: the job runs 1/copies slower until the next node is back, REPAIR_S / (spares + 1) on
-average) instead of restarting.
+repair pipeline. Every failure sends its node to repair for REPAIR_S, also one that finds no spare
+(the copies then shrink in place and the node, once back, rejoins), so the nodes in repair are
+every failure of the last REPAIR_S: Poisson with mean REPAIR_S / MTBF (not Erlang's loss, where a
+customer that finds every server busy is gone). A failure finds no spare when that count reaches
+the pool: no_spare_chance, the Poisson tail; the pool is the smallest with a chance at most
+SPARE_MISS (spare_copies). One that finds none shrinks the copies in place (the global batch split
+over one copy fewer: the job runs 1/copies slower until a node is back, REPAIR_S / (spares + 1)
+on average) instead of restarting.
 
 Checkpoint levels (checkpoint_level): with copies in place only a restart reads a checkpoint back
 (the supervisor's node lost, a failure that cannot go on in place), so the plan prices a
@@ -78,6 +81,7 @@ STORE_OPS_S = 25_000.0  # a TCPStore's service rate (benchmarks/failover_sim.py 
 RELAUNCH_S = 120.0  # a restart: every rank started again and its world formed, before the checkpoint is read
 REQUEUE_S = 300.0  # the supervisor's node lost: SLURM ends the job (NODE_FAIL) and starts it again (--requeue)
 REPAIR_S = 4 * 3600.0  # a failed node is back in service (as a spare) after this
+SPARE_MISS = 0.05  # the pool is sized so that a failure finds no spare at most this often
 SNAPSHOT_GBPS = 50.0  # GB/s per GPU to copy its state into pinned host memory (PCIe 5 x16), the blocking part
 PEER_READ_GBPS = 25.0  # GB/s per GPU to read a peer node's host-memory snapshot back over the network
 
@@ -93,23 +97,27 @@ def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
 
 def spare_copies(plan) -> tuple[int, str]:
     """The warm spare copies a lost copy is replaced from: cluster.spare_nodes' whole copies, or
-    where none are set, the pool sized to the repair pipeline (failures per REPAIR_S, plus one)."""
+    where none are set, the smallest pool a failure finds empty at most SPARE_MISS of the time."""
     br, d, gpn = plan.blast_radius, plan.layout, plan.spec.hardware.gpus_per_node
     if plan.spec.cluster.spare_nodes:  # a copy of the state: tp x cp x pp x dp_shard GPUs (launch/inplace.copy_size)
         return plan.spec.cluster.spare_nodes * gpn // (d.tp * d.cp * d.pp * d.dp_shard), "cluster.spare_nodes"
     mtbf_s = br["job_mtbf_hours"] * 3600.0
     if not math.isfinite(mtbf_s) or mtbf_s <= 0:
         return 1, "one (no failure rate)"
-    return math.ceil(REPAIR_S / mtbf_s) + 1, f"sized to a {REPAIR_S / 3600:g} h repair at the job MTBF"
+    load, spares = REPAIR_S / mtbf_s, 1
+    while no_spare_chance(spares, load) > SPARE_MISS:
+        spares += 1
+    return spares, f"sized to a {REPAIR_S / 3600:g} h repair at the job MTBF (none left at most {SPARE_MISS:.0%})"
 
 
-def erlang_b(servers: int, load: float) -> float:
-    """The chance a failure finds every spare out for repair (Erlang's loss formula: `load` =
-    failures per repair time, `servers` spares)."""
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = load * b / (k + load * b)
-    return b
+def no_spare_chance(spares: int, load: float) -> float:
+    """The chance a failure finds every spare out: at least `spares` nodes in repair, their count
+    Poisson with mean `load` (failures per repair time; module docstring)."""
+    term = total = math.exp(-load)
+    for k in range(1, spares):
+        term *= load / k
+        total += term
+    return max(0.0, 1.0 - total) if spares > 0 else 1.0
 
 
 def waits(plan, t: dict | None = None) -> dict[str, float]:
@@ -164,7 +172,7 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     rebuild = REBUILD_STORE_OPS * plan.world_size / STORE_OPS_S
     kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
     spares, spares_from = spare_copies(plan)
-    p_empty = erlang_b(spares, REPAIR_S / mtbf_s) if in_place else 1.0
+    p_empty = no_spare_chance(spares, REPAIR_S / mtbf_s) if in_place else 1.0
     # A failure that takes its node away (node, partition) takes the supervisor with it one time in
     # `nodes`: the job starts again (on SLURM, requeued). A crash, hang or drain leaves it running.
     p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)
