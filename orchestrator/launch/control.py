@@ -415,11 +415,13 @@ class JobServices:
 
     def _abort(self, gen: int, dead: list[int]) -> None:
         """Wake every rank of generation `gen` out of its cross-copy collectives: the store sets the
-        generation's abort key (train/rendezvous.py, train/replicas.abort_key), naming the copies lost."""
+        generation's abort key (rundir.abort_key; train/rendezvous.py sets it, train/replicas.py watches
+        it), naming the copies lost."""
         import json
 
         try:
-            self.rendezvous.stdin.write(f"set {self.job}/{rundir.abort_key(gen)} {json.dumps(dead, separators=(',', ':'))}\n")
+            value = json.dumps(dead, separators=(",", ":"))
+            self.rendezvous.stdin.write(f"set {self.job}/{rundir.abort_key(gen)} {value}\n")
             self.rendezvous.stdin.flush()
         except (OSError, ValueError):  # the store is gone: the collectives time out as before
             pass

@@ -9,8 +9,10 @@ once the ranks waiting in it have waited the stall deadline S (plan/timeouts.py)
 have not come, the one furthest behind of those is the stopped one (`stalled`); and when no rank
 made progress for the hang deadline, the rank furthest behind that is not waiting (the lowest
 step and phase, the oldest beat) is the hung one (when every rank waits, none is named: a peer
-cut off inside the collective is the collective timeout's): it is named, its every thread's Python stack is dumped into its log (SIGUSR1,
-faulthandler; train/worker.py) and its node is treated as lost. The deadline comes from the
+cut off inside the collective is the collective timeout's): it is named, its every thread's
+Python stack is dumped into its log (SIGUSR1, faulthandler; train/worker.py) and its node is
+treated as lost. A rank that ends with an error of its own says so (phase `crashed`,
+train/world.crashed_beat; `crashed`). The deadline comes from the
 plan: `failover.progress_deadline_s`, or DEADLINE_FACTOR x (predicted step + checkpoint
 save), at least DEADLINE_FLOOR_S; it sits below the cross-copy collective timeout
 (failover.timeout_s; the ladder and its checks: plan/timeouts.py), so a hang is named before a

@@ -54,7 +54,9 @@ persisted to the file system in the background; its interval is Young/Daly's on 
 that restart (not on every failure: in place loses only the step in flight), a whole number of
 steps; a restart reads the peer's copy back at PEER_READ_GBPS and redoes half an interval.
 Without copies the file system checkpoint at the plan's Young/Daly interval is the level. (The
-runtime writes the file system level; the peer-memory level is the plan's pricing of it.) The supervisor lives on the first node: one node or partition failure in
+runtime writes the file system level; the peer-memory level is the plan's pricing of it.)
+
+The supervisor lives on the first node: one node or partition failure in
 `nodes` takes it away (crashes, hangs and drains leave it running).
 """
 from __future__ import annotations
