@@ -278,3 +278,21 @@ def test_commits_climb_a_tree_of_leaders_and_an_aggregator_lost_strands_nobody(t
         for r in reps[1:]:
             r.finish()
         server.close()
+
+
+def test_a_copy_known_lost_aborts_the_generation_at_once_and_the_decision_releases_it():
+    """#36: the supervisor's word (lost) wakes the survivors out of the generation's cross-copy
+    collectives at once (abort(gen, dead)), before any survivor has reported; the decision then
+    releases the old generation's watchers (abort(gen, [])) and its history says it was aborted."""
+    calls = []
+    coord = Coordinator([0, 1, 2], "plan0", lambda alive, dead, joiners, step: Decision(True, "plan1", alive),
+                        quorum_s=5.0, abort=lambda gen, dead: calls.append((gen, dead)))
+    answers = {}
+    coord.handle({"op": "commit", "copy": 0, "gen": 0, "step": 0, "sums": [1.0, 1.0, 0.0]},
+                 lambda a: answers.setdefault(0, a))  # copy 0 got through; copy 1 waits on copy 2
+    coord.lost([2])
+    assert calls == [(0, [2])] and coord.current.gen == 0  # told now, before copy 1 has reported
+    coord.handle({"op": "failed", "copy": 1, "gen": 0, "step": 0, "sums": [0.0, 0.0, 0.0]},
+                 lambda a: answers.setdefault(1, a))
+    assert answers[0] == answers[1] and answers[0]["op"] == "reform" and answers[0]["copies"] == [0, 1]
+    assert calls == [(0, [2]), (0, [])] and coord.history[-1]["aborted"]["dead"] == [2]
