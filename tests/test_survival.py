@@ -43,6 +43,7 @@ def test_a_crashed_rank_drops_its_copy_and_the_survivors_keep_the_batch_exact(tm
     (event,) = _check(r, tmp_path / "run", tiny_losses, 6)
     assert event["mode"] == "in_place" and event["new_layout"]["dp"] == 3 and event["steps_lost"] == 0
     assert event["nodes_lost"] == [] and "crashed" in r.stdout and "illegal memory access" in r.stdout
+    assert event["survivors_released"] == "abort"  # the crash was known (its exit, its leader's connection)
     plan = json.loads((tmp_path / "run" / f"attempt{event['attempt']}" / "plan.json").read_text())
     assert plan["config"]["training"]["uneven_batch"] and plan["layout"]["microbatches"] == 6
 
