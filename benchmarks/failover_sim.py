@@ -252,8 +252,9 @@ class Sim:
         self.before: tuple = (-1, 0.0)  # (step, when) of the last commit the first generation got
         self.first_after_step = -1
         self.steps = steps or (20 if scenario == "flap" else 12 if self.R < 5000 else 8)  # failure at step 3
-        if scenario == "drain" and not steps:  # SLURM's wait gathers the plan's settle window first
-            self.steps = max(self.steps, 4 + int(2 * self.plan.blast_radius["timeouts"]["settle_s"] / self.step_s))
+        if scenario == "drain" and not steps:  # SLURM's wait sees it at its next poll, then gathers the settle window
+            wait = self.plan.blast_radius["timeouts"]["settle_s"] + self.plan.spec.launcher.poll_s
+            self.steps = max(self.steps, 4 + int(2 * wait / self.step_s))
         self.slow: dict[int, float] = {}
         self.named: list[int] = []  # copies the supervisor named stragglers
         self.beats: dict = {}  # copy -> its leader's last progress beat (launch/progress.Beat), read by the watcher
