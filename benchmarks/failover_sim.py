@@ -170,11 +170,17 @@ class CoordinatorOnServer:
     def current(self):
         return self.sim.coord.current
 
+    @property
+    def finished(self):
+        return self.sim.coord.finished
+
     def lost(self, copies) -> None:
         self.sim.sup_lost(copies)
 
     def take_stragglers(self) -> list:
-        return self.sim.coord.take_stragglers()
+        found = self.sim.coord.take_stragglers()
+        self.sim.named += [s.copy for s in found]  # what the supervisor names (stragglers.name)
+        return found
 
 
 class SimSrunWorkers(SrunWorkers):
@@ -194,6 +200,12 @@ class SimSrunWorkers(SrunWorkers):
 
     def say(self, text: str) -> None:
         self.sim.events.append({"t": self.sim.now, "say": text})
+
+    def signal(self, sig: int) -> None:  # the emulated ranks dump no stacks (and no real process is signalled)
+        self.sim.events.append({"t": self.sim.now, "signal": int(sig)})
+
+    def stop(self) -> None:  # the step ends: every emulated leader is told to exit
+        self.sim.stopped = self.sim.now
 
     def start(self, attempt: int, plan_dir: Path, nodes: list, env: dict, policy=None) -> None:
         self.current, self.policy, self.plan_dir = list(nodes[: self.spec.cluster.nodes]), policy, Path(plan_dir)
@@ -240,9 +252,15 @@ class Sim:
         self.before: tuple = (-1, 0.0)  # (step, when) of the last commit the first generation got
         self.first_after_step = -1
         self.steps = steps or (20 if scenario == "flap" else 12 if self.R < 5000 else 8)  # failure at step 3
-        if scenario == "drain" and not steps:  # SLURM's wait gathers the plan's settle window first
-            self.steps = max(self.steps, 4 + int(2 * self.plan.blast_radius["timeouts"]["settle_s"] / self.step_s))
+        if scenario == "drain" and not steps:  # SLURM's wait sees it at its next poll, then gathers the settle window
+            wait = self.plan.blast_radius["timeouts"]["settle_s"] + self.plan.spec.launcher.poll_s
+            self.steps = max(self.steps, 4 + int(2 * wait / self.step_s))
         self.slow: dict[int, float] = {}
+        self.named: list[int] = []  # copies the supervisor named stragglers
+        self.beats: dict = {}  # copy -> its leader's last progress beat (launch/progress.Beat), read by the watcher
+        self.aborted: dict[int, float] = {}  # generation -> when the coordinator aborted its collectives
+        self.how: str | None = None  # how the first change was detected: abort (known) or found out
+        self.stopped = None
         self.last_step = -1
         self.committed_before = 0
         self.gen_of: dict[int, int] = {}
@@ -263,8 +281,12 @@ class Sim:
         folder = self.dir / "slurm"
         bin_dir = slurm_shims(folder)
         self._write_slurm()
+        from orchestrator.launch import progress
+
         saved = srun.time, os.environ.get("PATH"), os.environ.get("ORCH_SIM_SLURM")
         srun.time = VirtualTime(self)
+        progress_time, progress_read = progress.time, progress.read
+        progress.time, progress.read = VirtualTime(self), self.read_beats  # the beats the leaders write, in memory
         gc.collect()
         gc.disable()  # a pause of the simulator's heap (every leader's state) is no one server's: not charged
         os.environ["PATH"], os.environ["ORCH_SIM_SLURM"] = f"{bin_dir}{os.pathsep}{saved[1]}", str(folder)
@@ -276,6 +298,7 @@ class Sim:
         finally:
             gc.enable()
             srun.time = saved[0]
+            progress.time, progress.read = progress_time, progress_read
             os.environ["PATH"] = saved[1]
             if saved[2] is None:
                 os.environ.pop("ORCH_SIM_SLURM", None)
@@ -297,7 +320,8 @@ class Sim:
         self.coord = Coordinator(list(range(self.R)), str(self.dir), self._decide, quorum_s=self.quorum_s,
                                  commit_timeout_s=self.timeout_s, clock=lambda: self.now, fan_in=FAN_IN[0],
                                  push=lambda c, m: self._out.append(("push", c, m)),
-                                 stragglers=Stragglers())  # each commit's busy summary, as the runtime sends
+                                 stragglers=Stragglers(),  # each commit's busy summary, as the runtime sends
+                                 abort=self._abort)
         self.k = self.coord.fan_in
         self.agg, self.trees = {}, {}
         for c in range(self.R):
@@ -309,6 +333,29 @@ class Sim:
             self.at(0.0, self.start, c, 0, 0)
         self.at(0.1, self.tick)
         self.at(0.0, self.inject)
+
+    def beat(self, c: int, step: int, phase: str) -> None:
+        """Leader c's progress beat (train/world.beat), kept in memory: the watcher reads it through
+        progress.read (patched in run()), the real progress.watch/hung decide."""
+        from orchestrator.launch.progress import Beat
+
+        self.beats[c] = Beat(c, step, phase == "end", 1.7e9 + self.now, c, self.node_of(c), c, phase == "wait")
+
+    def read_beats(self, run_dir, pids=None) -> dict:
+        return {c: b for c, b in self.beats.items() if c not in self.exited and (pids is None or c in pids)}
+
+    def _abort(self, gen: int, dead: list[int]) -> None:
+        """The coordinator aborts generation gen's cross-copy collectives (the job's store wakes every
+        rank: one store operation, then a hop): every copy waiting in one reports now."""
+        if not dead or gen in self.aborted:
+            return
+        self.aborted[gen] = self.now
+        t = self.now + 1.0 / CONSTANTS["store_ops_s"] + self.hop
+        for (g, step), rd in list(self.rounds.items()):
+            if g == gen and not rd.get("done"):
+                for c in list(rd["arrived"]):
+                    if c not in self.broken:
+                        self._fail_at(rd, c, g, step, t, force=True)
 
     def _decide(self, alive, dead, joiners, step):
         return self.policy.decide(alive, dead, joiners, step)
@@ -365,6 +412,7 @@ class Sim:
         if c in self.broken or c in self.exited or step >= self.steps:
             return
         self.gen_of[c] = gen
+        self.beat(c, step, "begin")
         f = self.slow.get(c, 1.0) if step < self.slow_until else 1.0
         self.at(self.now + self.step_s * f * (1 + 0.002 * self.rng.random()), self.at_allreduce, c, gen, step)
 
@@ -373,7 +421,8 @@ class Sim:
         if key not in self.rounds:
             members = set(self.coord.current.copies) if gen == self.coord.current.gen else set()
             self.rounds = {k: v for k, v in self.rounds.items() if k[0] >= gen - 1}
-            self.rounds[key] = {"members": members, "arrived": {}, "reported": set(), "sent": 0.0, "got": set()}
+            self.rounds[key] = {"members": members, "arrived": {}, "reported": set(), "reported_at": {}, "sent": 0.0,
+                                "got": set()}
         return self.rounds[key]
 
     def at_allreduce(self, c: int, gen: int, step: int) -> None:
@@ -381,6 +430,9 @@ class Sim:
             return
         rd = self._round(gen, step)
         rd["arrived"][c] = self.now
+        self.beat(c, step, "wait")
+        if gen in self.aborted:  # aborted already: it leaves the collective at once
+            return self._fail_at(rd, c, gen, step, self.now, force=True)
         broken = [b for b in self.broken if b in rd["members"]]  # O(failures), not O(R)
         if broken:
             return self._fail_later(rd, c, gen, step, broken)
@@ -396,8 +448,9 @@ class Sim:
     def commit(self, c: int, gen: int, step: int) -> None:
         if c in self.broken:
             return
+        f = self.slow.get(c, 1.0) if step < self.slow_until else 1.0  # its own work: a slow copy's is longer
         body = {"op": "commit", "copy": c, "gen": gen, "step": step, "sums": [2.0 + 0.001 * step, 1.0, 0.0],
-                "busy": self.step_s * (0.9 + 0.02 * self.rng.random()), "saving": False}
+                "busy": f * self.step_s * (0.9 + 0.02 * self.rng.random()), "saving": False}
         self.req += 1
         rid = self.req
         self.pending[c] = (rid, body, self.now)
@@ -410,16 +463,31 @@ class Sim:
 
     def _fail_later(self, rd, c, gen, step, broken) -> None:
         """The all-reduce cannot finish: after a reset (a crash) or the collective's timeout (a silent
-        peer), this copy's leader reports the failure straight to the coordinator."""
-        if c in rd["reported"]:
-            return
-        rd["reported"].add(c)
+        peer), this copy's leader reports the failure straight to the coordinator (sooner when the
+        coordinator aborts the generation first: _abort)."""
         kind, tf = self.broken[broken[0]]
         delay = CONSTANTS["reset_s"] if kind == "crash" else self.timeout_s
+        self._fail_at(rd, c, gen, step, max(self.now, tf) + delay)
+
+    def _fail_at(self, rd, c, gen, step, t, force=False) -> None:
+        """Copy c's leader reports the failed step at t (once; `force`: an abort, sooner than planned)."""
+        if c in rd["reported"] and not force:
+            return
+        if c in rd["reported"] and rd["reported_at"].get(c, 0.0) <= t:
+            return  # it reports sooner already
+        rd["reported"].add(c)
+        rd.setdefault("reported_at", {})[c] = t
         body = {"op": "failed", "copy": c, "gen": gen, "step": step, "sums": [0.0, 0.0, 0.0]}
         self.req += 1
-        self.pending[c] = (self.req, body, max(self.now, tf) + delay)
-        self.send_root(c, body, max(self.now, tf) + delay, self.req)
+        self.pending[c] = (self.req, body, t)
+        self.at(t, self._report_failed, c, self.req, body)
+
+    def _report_failed(self, c: int, rid: int, body: dict) -> None:
+        if c in self.broken or self.pending.get(c, (None,))[0] != rid:
+            return  # superseded (an abort made it report sooner)
+        if self.how is None:
+            self.how = "abort" if body["gen"] in self.aborted else "found out"
+        self.send_root(c, body, self.now, rid)
 
     def receive(self, c: int, rid: int, answer) -> None:
         if c in self.broken or c in self.exited or c not in self.pending or self.pending[c][0] != rid:
@@ -444,6 +512,7 @@ class Sim:
                 self.before = (step, self.now)
             self.last_step = max(self.last_step, step)
             self.done_step[c] = step
+            self.beat(c, step, "end")  # the step's end: its commit granted (train/trainer.py)
             return self.start(c, gen, step + 1)
         if op == "reform":
             self._configure(c, answer["gen"], answer["copies"])
@@ -589,6 +658,8 @@ class Sim:
             return
         for c in copies:  # a partitioned node stays up for SLURM (and a crash leaves it up)
             self.broken[c] = (kind, self.now)
+            if kind == "partition" and c in self.beats:  # cut off, alive: it blocks in the collective and beats so
+                self.beat(c, self.beats[c].step, "wait")
         for (gen, step), rd in list(self.rounds.items()):  # survivors already waiting in the all-reduce
             if set(copies) & rd["members"] and not rd.get("done"):
                 for c in list(rd["arrived"]):
@@ -597,6 +668,11 @@ class Sim:
         if kind == "crash":  # the processes are gone: the kernel closes the leader's connections
             for c in copies:
                 self.at(self.now + CONSTANTS["reset_s"], self.sup_closed, c)
+        elif kind in ("node", "partition"):  # the leader's node (node_of) silent: its connection unanswered
+            from orchestrator.plan.timeouts import keepalive_s
+
+            for c in copies:
+                self.at(self.now + keepalive_s(), self.sup_closed, c)
         for c in copies:  # children waiting on a crashed aggregator see the reset
             if c in self.agg and kind == "crash":
                 pass  # (handled when their messages meet the dead end: _send)
@@ -622,7 +698,8 @@ class Sim:
                "generations": self.coord.current.gen, "left_waiting": waiting,
                "max_wait_s": round(self.max_wait, 3), "supervisor_exit": self.code,
                "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1, "steps": self.steps,
-               "server_cpu_s": round(self.busy, 3)}
+               "server_cpu_s": round(self.busy, 3), "stragglers_named": sorted(self.named),
+               "survivors_released": self.how, "step_stopped": self.stopped}
         if self.scenario == "supervisor":  # the coordinator dies with its node: requeue, restart (modelled)
             every = self.plan.blast_radius["checkpoint_interval_s"] or 0
             out.update(detected_s=CONSTANTS["node_down_s"], modelled=True,
@@ -660,16 +737,64 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
                 "error": str(e)[:2000], "step_s": round(sim.step_s, 3)}
 
 
+def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, requeue_s: float, repair_s: float,
+          copies: int, end_s: float | None = None) -> dict:
+    """The replay's arithmetic on given costs. `events`: (time, kind, supervisor_hit) in time order;
+    `costs`: {kind: seconds the run loses when the copies recover in place (a scenario's delay_s), or
+    None when the scenario did not recover (it is charged a restart, never nothing)}. Each in-place
+    failure takes a warm spare and sends its node to repair for `repair_s`; one that finds none left
+    shrinks the copies in place (the same loss, and the job runs one copy short, 1/copies of its
+    speed lost, until a node is back from repair: a node back fills a shortage first, then the
+    pool); the supervisor's node lost restarts (+ requeue_s). Shortages still open at `end_s` are
+    charged up to it."""
+    back: list[float] = []  # when the failed nodes are back from repair
+    short: list[float] = []  # when each open shortage (a copy missing, no spare) began
+    pool, lost, restarts, shrinks, unrecovered, short_s = spares, 0.0, 0, 0, 0, 0.0
+
+    def returns(until: float) -> None:
+        nonlocal pool, lost, short_s
+        for b in sorted(x for x in back if x <= until):
+            back.remove(b)
+            if short:  # it rejoins the job where a copy is missing
+                gap = b - short.pop(0)
+                short_s += gap
+                lost += gap / copies
+            else:
+                pool += 1
+    for t, kind, supervisor_hit in events:
+        returns(t)
+        cost = costs.get(kind)
+        if supervisor_hit or cost is None:
+            restarts += 1
+            unrecovered += cost is None and not supervisor_hit
+            lost += restart_s + (requeue_s if supervisor_hit else 0.0)
+            continue
+        lost += cost
+        back.append(t + repair_s)
+        if pool == 0:  # no spare: the survivors go on with one copy fewer until a node is back
+            shrinks += 1
+            short.append(t)
+        else:
+            pool -= 1
+    if end_s is not None:
+        returns(end_s)
+        for since in short:
+            short_s += end_s - since
+            lost += (end_s - since) / copies
+    return {"lost_s": lost, "restarts": restarts, "no_spare": shrinks, "unrecovered": unrecovered,
+            "short_copy_hours": short_s / 3600}
+
+
 def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None = None, seed: int = 0) -> dict:
     """Llama 3's 419 interruptions over 54 days on 16,384 GPUs (the same mix at the same rate per GPU
     for another size): each costs its kind's simulated delay (delay_s: how much later the first step
-    the new generation commits does than it would have without the failure); with no warm spare
-    left, or the supervisor's node (a node or partition failure one time in `nodes`), a restart from
-    the last checkpoint (the plan's Young/Daly interval). ETTR = productive time / wall time. Warm spares:
-    the plan's (plan/goodput.spare_copies: sized to the repair pipeline unless cluster.spare_nodes)."""
+    the new generation commits does than it would have without the failure; a kind whose scenario
+    did not recover: a restart); with no warm spare left the copies shrink in place, the supervisor's
+    node (a node or partition failure one time in `nodes`) restarts from the last checkpoint level
+    (tally). ETTR = productive time / wall time, less the checkpoint overhead; both from the plan
+    (plan/goodput.py: the snapshot level it picks). Warm spares: the plan's (goodput.spare_copies)."""
     plan, rng = plan_of(name), random.Random(seed)
-    br = plan.blast_radius
-    every, ckpt_s = br["checkpoint_interval_s"], br["checkpoint_seconds"]
+    g = goodput.goodput(plan)
     by_kind = {r["scenario"]: r for r in rows if r["config"] == name}
     T = days * 86400.0
     if spares is None:  # the plan's warm spare copies (sized to the repair pipeline unless cluster.spare_nodes)
@@ -679,29 +804,31 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
         else mix
     times = sorted(rng.uniform(0, T) for _ in kinds)
     rng.shuffle(kinds)
-    back: list[float] = []  # when the failed nodes return as spares
-    pool, lost, restarts = spares, 0.0, 0
-    restart = CONSTANTS["node_down_s"] + CONSTANTS["restart_load_s"] + ckpt_s + every / 2  # the checkpoint read back
-    for t, kind in zip(times, kinds):
-        pool += sum(1 for b in back if b <= t)
-        back = [b for b in back if b > t]
-        # the node (and, one time in `nodes`, the supervisor on it) gone: plan/goodput.SUPERVISOR_KINDS
-        supervisor_hit = kind in goodput.SUPERVISOR_KINDS and rng.random() < 1.0 / plan.spec.cluster.nodes
-        if supervisor_hit or pool == 0:
-            restarts += 1
-            lost += restart + (CONSTANTS["requeue_s"] if supervisor_hit else 0.0)
-            continue
-        r = by_kind[kind]  # the steps commit this much later: the wait, the rebuild, the step redone
-        lost += r["delay_s"] or 0.0
-        pool -= 1
-        back.append(t + CONSTANTS["repair_s"])
-    overhead = ckpt_s / every if every else 0.0  # blocking checkpoint writes
-    ettr = (T - lost) / T * (1 - overhead)
-    predicted = goodput.goodput(plan)["predicted_ettr"]
+    # the node (and, one time in `nodes`, the supervisor on it) gone: plan/goodput.SUPERVISOR_KINDS
+    events = [(t, k, k in goodput.SUPERVISOR_KINDS and rng.random() < 1.0 / plan.spec.cluster.nodes)
+              for t, k in zip(times, kinds)]
+    # the scenarios strike the copy's first node (its leader's); a node or partition failure strikes
+    # another node of the copy (nodes per copy - 1 times in nodes per copy): the copy's ranks stall
+    # short of the collective, what the hang scenario measures (the leader's connection stays up)
+    per = max(1, copy_size(plan) // plan.spec.hardware.gpus_per_node)
+    events = [(t, "hang" if k in ("node", "partition") and rng.random() >= 1.0 / per else k, hit)
+              for t, k, hit in events]
+    costs = {k: (r["delay_s"] if r.get("recovered") and r.get("delay_s") is not None else None)
+             for k, r in by_kind.items()}
+    restart = CONSTANTS["node_down_s"] + g["restart_base_s"]  # restarted, the state read back, half an interval redone
+    out = tally(events, costs, spares, restart, CONSTANTS["requeue_s"], CONSTANTS["repair_s"],
+                plan.layout.dp_replicate, T)
+    overhead = g["checkpoint_overhead"]  # the blocking part of the plan's checkpoint level
+    ettr = (T - out["lost_s"]) / T * (1 - overhead)
+    predicted = g["predicted_ettr"]
     return {"replay": "llama3_54_days", "config": name, "interruptions": len(kinds), "days": days,
             "warm_spare_copies": spares, "spare_gpu_share": round(spares / (plan.layout.dp_replicate + spares), 4),
-            "restarts": restarts, "lost_hours": round(lost / 3600, 2),
-            "checkpoint_interval_s": round(every, 1), "checkpoint_overhead": round(overhead, 5),
+            "restarts": out["restarts"], "no_spare": out["no_spare"], "unrecovered": out["unrecovered"],
+            "no_spare_share": round(out["no_spare"] / max(1, len(kinds)), 4),
+            "short_copy_hours": round(out["short_copy_hours"], 1),
+            "plan_no_spare_chance": round(g["no_spare_chance"], 4), "lost_hours": round(out["lost_s"] / 3600, 2),
+            "restart_s": round(restart, 1), "checkpoint_level": g["checkpoint_level"],
+            "checkpoint_interval_s": round(g["checkpoint_interval_s"], 1), "checkpoint_overhead": round(overhead, 5),
             "ettr": round(ettr, 4), "plan_predicted_ettr": round(predicted, 4),
             "plan_minus_sim_points": round(100 * (predicted - ettr), 2)}
 
@@ -725,8 +852,9 @@ def main() -> None:
         return
     print("constants (stated; store_ops_s measured when torch is there):",
           ", ".join(f"{k}={v:g}" for k, v in CONSTANTS.items()))
-    cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "wait_bound_s",
-            "max_wait_s", "steps_lost", "healthy_evicted", "commit_p50_s", "commit_p99_s", "step_s"]
+    cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "delay_s",
+            "survivors_released", "wait_bound_s", "max_wait_s", "steps_lost", "healthy_evicted", "commit_p50_s",
+            "commit_p99_s", "step_s"]
     print(" ".join(f"{c:>15s}" for c in cols))
     for r in rows:
         print(" ".join(f"{_fmt(r.get(c)):>15s}" for c in cols))

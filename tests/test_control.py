@@ -49,6 +49,13 @@ class Job:
             time.sleep(0.02)
         return self.coord.counts()
 
+    def until(self, done, what: str):
+        """Wait (bounded) until the server itself says it got there (its own counters, never a sleep)."""
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done(), f"the server never {what}"
+
 
 @pytest.fixture
 def job():
@@ -120,11 +127,13 @@ def test_a_closed_leader_connection_is_its_copy_lost_and_a_bye_is_not(job):
     answer = commit(a, 0, 1)
     assert answer["op"] == "reform" and answer["copies"] == [0] and answer["step"] == 1
     assert job.decisions == [([0], [1], [], 1)]
+    lines = job.server.lines
     a.send({"op": "bye", "copy": 0, "gen": 1})
-    time.sleep(0.2)
+    job.until(lambda: job.server.lines > lines and 0 in job.coord.finished, "read the bye")
+    closes = job.server.closes
     a.close()
-    time.sleep(0.3)
-    assert len(job.decisions) == 1  # a finished copy closing is not a loss
+    job.until(lambda: job.server.closes > closes, "saw the connection close")
+    assert len(job.decisions) == 1 and job.coord.changing is None  # a finished copy closing is not a loss
 
 
 def test_a_silent_copy_is_dropped_after_the_commit_deadline_and_the_quorum_window():
@@ -154,12 +163,14 @@ def test_a_launched_spare_joins_once_and_a_never_launched_copy_cannot_loop_the_j
     t = threading.Thread(target=lambda: got.setdefault("spare", spare.request({"op": "join", "copy": 2, "gen": -1,
                                                                                 "now": True}, 30)))
     t.start()
-    time.sleep(0.2)
+    job.until(lambda: 2 in job.coord.joiners, "took the spare's join")
     answers = both_commit(job, a, b, 0)
     t.join(30)
     assert answers[0]["op"] == "reform" and got["spare"]["copies"] == [0, 1, 2] and len(job.decisions) == 1
-    job.raw(DOS).close()
-    time.sleep(0.3)
+    closes, dropped = job.server.closes, job.coord.counts()["dropped_total"]
+    job.raw(DOS).close()  # a copy that was never launched asks to join, now, and goes
+    job.until(lambda: job.server.closes > closes and job.coord.counts()["dropped_total"] > dropped,
+              "read the stranger's join and saw it go")
     assert len(job.decisions) == 1 and job.coord.changing is None
 
 
@@ -267,3 +278,21 @@ def test_commits_climb_a_tree_of_leaders_and_an_aggregator_lost_strands_nobody(t
         for r in reps[1:]:
             r.finish()
         server.close()
+
+
+def test_a_copy_known_lost_aborts_the_generation_at_once_and_the_decision_releases_it():
+    """#36: the supervisor's word (lost) wakes the survivors out of the generation's cross-copy
+    collectives at once (abort(gen, dead)), before any survivor has reported; the decision then
+    releases the old generation's watchers (abort(gen, [])) and its history says it was aborted."""
+    calls = []
+    coord = Coordinator([0, 1, 2], "plan0", lambda alive, dead, joiners, step: Decision(True, "plan1", alive),
+                        quorum_s=5.0, abort=lambda gen, dead: calls.append((gen, dead)))
+    answers = {}
+    coord.handle({"op": "commit", "copy": 0, "gen": 0, "step": 0, "sums": [1.0, 1.0, 0.0]},
+                 lambda a: answers.setdefault(0, a))  # copy 0 got through; copy 1 waits on copy 2
+    coord.lost([2])
+    assert calls == [(0, [2])] and coord.current.gen == 0  # told now, before copy 1 has reported
+    coord.handle({"op": "failed", "copy": 1, "gen": 0, "step": 0, "sums": [0.0, 0.0, 0.0]},
+                 lambda a: answers.setdefault(1, a))
+    assert answers[0] == answers[1] and answers[0]["op"] == "reform" and answers[0]["copies"] == [0, 1]
+    assert calls == [(0, [2]), (0, [])] and coord.history[-1]["aborted"]["dead"] == [2]

@@ -79,3 +79,25 @@ def test_a_warm_spare_takes_the_lost_copy_and_dp_stays(tmp_path, uninterrupted):
     got = losses_by_step(run)
     assert [got[s] for s in range(8)] == pytest.approx([uninterrupted[s] for s in range(8)], rel=1e-5)
     assert samples_read(run) == list(range(8 * 16))
+
+
+def test_a_hung_copy_is_aborted_on_knowledge_not_on_the_collective_timeout(tmp_path, uninterrupted):
+    """#36: rank 2 (copy 1, node 1) stops before step 4. Its peers beat that they wait on it in the
+    cross-copy all-reduce; at the stall deadline (20 s, far below the 120 s collective timeout) it is
+    named, the coordinator aborts the survivors' pending collectives (the job's store wakes every rank)
+    and they go on in place; the hung node's ranks are killed only after. The event records how the
+    survivors were released: by the abort, not by a reset or their collective's timeout."""
+    r = run_cli([*COMMON, "cluster.nodes=2", "training.steps=8", "fault.kind=hang_rank", "fault.rank=2",
+                 "fault.at_step=3", "failover.timeout_s=120"], tmp_path, timeout=900)
+    run = tmp_path / "run"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (event,) = failovers(run)
+    assert event["mode"] == "in_place" and event["copies_lost"] == [1] and event["new_layout"]["dp"] == 2
+    assert event["survivors_released"] == "abort", event
+    assert "HANG:" in r.stdout, r.stdout[-3000:]
+    assert "stall deadline" in r.stdout, r.stdout[-3000:]  # named by its peers' wait, not the hang deadline
+    log0 = (run / "logs" / "rank0.log").read_text()
+    assert "aborted by the coordinator" in log0, log0[-3000:]  # copy 0 left the all-reduce on the abort
+    got = losses_by_step(run)
+    assert [got[s] for s in range(8)] == pytest.approx([uninterrupted[s] for s in range(8)], rel=1e-5)
+    assert samples_read(run) == list(range(8 * 16))

@@ -168,6 +168,37 @@ def test_a_detached_job_names_a_hung_rank_with_its_stack_and_restarts_without_it
     assert samples_read(run) == list(range(12 * 16))
 
 
+def test_a_crash_beat_stops_a_one_copy_step_at_once(tmp_path, monkeypatch):
+    """The supervisor's side of a crash on SLURM without the cluster: a rank that ends with an error of
+    its own says so in its beat (train/world.crashed_beat); SrunWorkers.wait stops the step (a real
+    process group here) at once and reports the crash with the rank's error line. A rank that failed
+    of its peer (a connection reset) does not: what it saw may be a node lost, which SLURM confirms."""
+    from conftest import plan_of
+    from orchestrator.launch import progress
+    from orchestrator.launch.srun import SrunWorkers
+    from orchestrator.train import world
+
+    plan = plan_of(*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4")
+    run = tmp_path / "run"
+    logs = run / "attempt0" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "rank3.log").write_text("[rank 3] INFO step 5/12\nRuntimeError: CUDA error: an illegal memory access\n")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    world.beat(run, 5, "begin", 3)
+    world.crashed_beat(RuntimeError("Connection closed by peer [10.0.0.2]:1234"))
+    assert progress.crashed(run) is None  # a peer's failure seen: not the crashed one
+    world.crashed_beat(RuntimeError("CUDA error: an illegal memory access"))
+    assert progress.crashed(run).rank == 3
+    workers = SrunWorkers(plan.spec, run, ["n1", "n2"])
+    workers.timeouts(plan.to_json())
+    workers.plan_dir = run / "attempt0"
+    workers.proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    out = workers.wait()
+    assert workers.proc.poll() is not None  # the step was stopped, not waited out
+    assert not out.ok and out.crashed and "stopped at once" in out.cause and "illegal memory access" in out.error
+    world.forget_beat()
+
+
 def test_allocation_that_does_not_match_the_plan_stops_before_training(cluster, tmp_path):
     from orchestrator import compose
     from orchestrator.config.compose import typed
@@ -262,3 +293,75 @@ def test_your_own_program_is_requeued_on_preemption_and_resumes_from_its_checkpo
     ref = _uninterrupted(json.loads((run / "plan.json").read_text()), steps, 1e-2)
     assert sorted(got) == list(range(steps))
     assert np.allclose([got[s] for s in range(steps)], ref, rtol=2e-5, atol=0)
+
+
+def test_a_hung_copy_is_named_by_its_stall_and_the_others_go_on_in_place(cluster, tmp_path, reference):
+    """#36: two copies of the state (dp_shard=2), rank 3 (copy 1, node2) stops before step 6. The
+    ranks waiting on it in the cross-copy all-reduce beat so; past the stall deadline (20 s, the
+    collective timeout is 120 s) the supervisor names it from the beats, the coordinator aborts the
+    survivors' collectives at once and copy 0 goes on in place in the same step (no restart, no
+    checkpoint read); copy 1's ranks, declared lost, leave by themselves (fenced)."""
+    run = tmp_path / "run"
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                 "layout.dp_shard=2", "training.steps=12", "fault.kind=hang_rank", "fault.rank=3", "fault.at_step=5",
+                 "failover.quorum_s=5", "failover.timeout_s=120"], tmp_path, timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    deadline, state = time.monotonic() + 600, None
+    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
+        state = json.loads((run / "status.json").read_text()).get("state")
+        time.sleep(1)
+    assert state == "completed", (run / "status.json").read_text()
+    (event,) = failovers(run)
+    assert event["mode"] == "in_place" and event["copies_lost"] == [1] and event["new_layout"]["dp"] == 2, event
+    assert event["survivors_released"] == "abort", event
+    logs = "".join(f.read_text() for f in run.rglob("rank*.log"))
+    assert "aborted by the coordinator" in logs and "declared lost in generation 0" in logs
+    assert not (run / "checkpoints").exists() or "CHECKPOINT" not in logs
+    got = losses_by_step(run)
+    assert [got[s] for s in range(12)] == pytest.approx(reference[:12], rel=1e-5)
+    assert samples_read(run) == list(range(12 * 16))
+
+
+def test_a_failed_batch_job_ends_failed_in_sacct_with_its_code(cluster, tmp_path):
+    """A program that fails at once, every attempt: the supervisor stops the run and the batch job
+    ends FAILED with a non-zero exit code in SLURM's own accounting (not COMPLETED 0:0)."""
+    script = tmp_path / "fail.py"
+    script.write_text("raise RuntimeError('a bug in the user program')\n")
+    run = tmp_path / "run"
+    r = run_cli(["hardware=cpu", "model=tiny", "figures=false", "launcher=slurm", "cluster.nodes=1",
+                 "hardware.gpus_per_node=1", "training.steps=4", "trainer=command",
+                 f"trainer.command='python {script}'"], tmp_path, timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    job = json.loads((run / "slurm_jobs.jsonl").read_text().splitlines()[0])["job_id"]
+    deadline, out = time.monotonic() + 600, ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job), "-o", "State,ExitCode"], capture_output=True,
+                             text=True, timeout=60).stdout.strip()
+        if out and out.split("|")[0] not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+            break
+        time.sleep(2)
+    state, code = out.split("|")
+    assert state == "FAILED" and code.split(":")[0] != "0", out
+    assert json.loads((run / "status.json").read_text())["state"] == "failed"
+
+
+def test_a_crashed_rank_stops_the_step_at_once_and_the_run_restarts(cluster, tmp_path, reference):
+    """One copy of the state (FSDP over 4): rank 3 crashes with an error of its own before step 6. Its
+    beat says so (train/world.crashed_beat) and the supervisor stops the step at once, not after its
+    peers' collective timeout, and restarts from the checkpoint with the uninterrupted run's losses."""
+    run = tmp_path / "run"
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                 "training.steps=12", "training.checkpoint.every=2", "fault.kind=crash_rank", "fault.rank=3",
+                 "fault.at_step=5", "failover.timeout_s=120"], tmp_path, timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    deadline, state = time.monotonic() + 600, None
+    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
+        state = json.loads((run / "status.json").read_text()).get("state")
+        time.sleep(1)
+    assert state == "completed", (run / "status.json").read_text()
+    (event,) = failovers(run)
+    assert event["mode"] == "restart" and "stopped at once" in event["cause"], event
+    assert "illegal memory access" in event["cause"] and event["resumed_from_step"] == 4, event
+    got = losses_by_step(run)
+    assert [got[s] for s in range(12)] == pytest.approx(reference[:12], rel=1e-5)
+    assert samples_read(run) == list(range(12 * 16))

@@ -43,6 +43,7 @@ def test_a_crashed_rank_drops_its_copy_and_the_survivors_keep_the_batch_exact(tm
     (event,) = _check(r, tmp_path / "run", tiny_losses, 6)
     assert event["mode"] == "in_place" and event["new_layout"]["dp"] == 3 and event["steps_lost"] == 0
     assert event["nodes_lost"] == [] and "crashed" in r.stdout and "illegal memory access" in r.stdout
+    assert event["survivors_released"] == "abort"  # the crash was known (its exit, its leader's connection)
     plan = json.loads((tmp_path / "run" / f"attempt{event['attempt']}" / "plan.json").read_text())
     assert plan["config"]["training"]["uneven_batch"] and plan["layout"]["microbatches"] == 6
 
@@ -74,6 +75,32 @@ def test_the_progress_deadline_follows_the_plan():
              3: progress.Beat(3, 4, False, 100.1)}
     assert progress.hung(beats, 100.2 + 29, 30.0) is None
     assert progress.hung(beats, 100.2 + 31, 30.0).pid == 1  # the one behind: step 4 never begun
+
+
+def test_the_watcher_names_the_rank_that_stopped_never_one_waiting_on_it():
+    """Copies on SLURM (#36): the ranks waiting in the cross-copy collective beat `wait`; the rank that
+    stopped before it is named once they waited the stall deadline, even when its beat is newer
+    than theirs (the old rule, furthest behind by time, named a healthy waiting rank); when every
+    rank waits (a peer cut off inside the collective) nobody is named."""
+    from orchestrator.launch import progress
+
+    beats = {1: progress.Beat(1, 7, False, 100.0, waiting=True), 2: progress.Beat(2, 7, False, 100.5),
+             3: progress.Beat(3, 7, False, 100.1, waiting=True)}  # rank 2 began step 8 and never came
+    assert progress.hung(beats, 100.0 + 9, 30.0, stall=10.0) is None
+    assert progress.hung(beats, 100.0 + 11, 30.0, stall=10.0).pid == 2
+    assert progress.hung(beats, 100.5 + 31, 30.0).pid == 2  # without the stall rule: at the hang deadline, still 2
+    everyone = {p: progress.Beat(p, 7, False, 100.0 + p, waiting=True) for p in (1, 2, 3)}
+    assert progress.hung(everyone, 1000.0, 30.0, stall=10.0) is None
+    # the beats as the ranks write them (train/world.beat): the phase read back
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.train import world
+
+    with tempfile.TemporaryDirectory() as d:
+        world.beat(Path(d), 7, "wait", 3)
+        (b,) = progress.read(Path(d)).values()
+        assert b.waiting and b.step == 7 and not b.ended and b.rank == 3
 
 
 def test_the_plan_says_what_a_node_loss_costs_and_keeps_every_whole_replica():

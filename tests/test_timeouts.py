@@ -11,7 +11,8 @@ TINY = ["hardware=cpu", "model=tiny", "figures=false"]
 
 
 def _ordered(t):
-    return t["settle_s"] < t["quorum_s"] < t["collective_s"] and t["hang_deadline_s"] < t["collective_s"]
+    return (t["settle_s"] < t["quorum_s"] < t["collective_s"] and t["hang_deadline_s"] < t["collective_s"]
+            and t["stall_s"] <= t["hang_deadline_s"])
 
 
 @pytest.mark.parametrize("overrides", [TINY, ["recipe=llama3_405b"]])
@@ -54,6 +55,8 @@ def test_plan_md_prints_the_ladder_and_the_goodput(tmp_path):
     assert "failover timeouts:" in md
     assert (f"settle window {t['settle_s']:.1f} s < quorum {t['quorum_s']:.1f} s (derived) < collective timeout "
             f"{t['collective_s']:.1f} s (derived); hang deadline {t['hang_deadline_s']:.1f} s (derived)") in md
+    assert f"stall deadline {t['stall_s']:.1f} s" in md and "aborts the survivors' pending cross-copy" in md
+    assert f"TCP keepalive {t['keepalive_s']:.0f} s" in md
     assert "goodput: predicted ETTR" in md
 
 
@@ -82,24 +85,48 @@ def test_goodput_weighs_the_llama3_failure_mix_by_kind():
     import failover_sim
 
     assert failover_sim.LLAMA3_TABLE5 is goodput.LLAMA3_TABLE5  # the benchmark replays the plan's mix
-    plan = plan_of(*failover_sim.CONFIGS["16k-128"])  # 405B, 128 copies of the state (dp_shard=1)
+    plan = plan_of(*failover_sim.CONFIGS["16k-128"], "launcher=slurm")  # 405B, 128 copies of the state (dp_shard=1)
     t, g = plan.blast_radius["timeouts"], goodput.goodput(plan)
     cost = {k: v["in_place_s"] for k, v in g["by_kind"].items()}
     assert g["in_place"] and cost["crash"] == pytest.approx(g["rebuild_s"] + plan.step.wall_s)
-    assert cost["partition"] == pytest.approx(cost["crash"] + t["collective_s"] + t["quorum_s"])
-    assert cost["drain"] == cost["crash"] < cost["hang"] < cost["node"] <= cost["partition"]  # a drain is planned
-    assert 0.9 < g["predicted_ettr"] < 1.0 and 0 < g["restart_share"] < 0.5
-    # the supervisor's node is taken only by the kinds that take a node away (1 in `nodes` of them)
+    # known, then aborted: a hang at the stall deadline (and the supervisor's poll); a node lost or cut off
+    # when its copy's leader's connection goes unanswered (K) or, on another node of the copy, when the
+    # copy's ranks stall; SLURM's word (330 s by default here) comes later. Never the collective timeout.
+    poll = plan.spec.launcher.poll_s
+    assert cost["hang"] == pytest.approx(cost["crash"] + t["stall_s"] + poll)
+    assert cost["crash"] + t["keepalive_s"] < cost["node"] == cost["partition"] < cost["hang"]
+    assert cost["drain"] == cost["crash"] and cost["hang"] < cost["crash"] + t["collective_s"]  # a drain is planned
+    one_node = goodput.goodput(plan_of(*failover_sim.CONFIGS["16k-8"], "launcher=slurm"))  # copies of one node
+    one = {k: v["in_place_s"] for k, v in one_node["by_kind"].items()}
+    assert one["partition"] == one["node"] == pytest.approx(one["crash"] + t["keepalive_s"])
+    assert 0.9 < g["predicted_ettr"] < 1.0 and 0 < g["restart_share"] < 0.01
+    # the supervisor's node is taken only by the kinds that take a node away (1 in `nodes` of them); a
+    # failure that finds no spare shrinks the copies in place (the chance it finds none: every failed node in
+    # repair, a Poisson count; the pool the smallest that keeps it under SPARE_MISS)
     mix = [("a", 1, "crash")]
-    assert goodput.goodput(plan, mix)["restart_share"] == pytest.approx(
-        goodput.erlang_b(g["spare_copies"], goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600)))
+    crash_only = goodput.goodput(plan, mix)
+    assert crash_only["restart_share"] == 0.0 and crash_only["no_spare_chance"] == pytest.approx(
+        goodput.no_spare_chance(g["spare_copies"], goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600)))
+    assert crash_only["no_spare_chance"] <= goodput.SPARE_MISS < goodput.no_spare_chance(
+        g["spare_copies"] - 1, goodput.REPAIR_S / (plan.blast_radius["job_mtbf_hours"] * 3600))
+    # the checkpoint level: a peer-memory snapshot at Young/Daly's interval on the failures that restart
+    assert g["checkpoint_level"] == "peer_memory" and g["checkpoint_overhead"] == pytest.approx(
+        g["snapshot_s"] / g["checkpoint_interval_s"])
+    rate = g["restart_share"] / (plan.blast_radius["job_mtbf_hours"] * 3600)
+    young = (2 * g["snapshot_s"] / rate) ** 0.5
+    assert young <= g["checkpoint_interval_s"] < young + plan.step.wall_s  # a whole number of steps
     one_copy = plan_of("recipe=llama3_405b")  # FSDP over all 64 DP ranks: one copy, so every failure restarts
     g1 = goodput.goodput(one_copy)
     assert not g1["in_place"] and g1["restart_share"] == 1.0 and g1["predicted_ettr"] < g["predicted_ettr"]
+    assert g1["checkpoint_level"] == "file_system" and g1["checkpoint_interval_s"] == (
+        one_copy.blast_radius["checkpoint_interval_s"])
 
 
-def test_erlang_loss():
-    from orchestrator.plan.goodput import erlang_b
+def test_the_chance_a_failure_finds_no_spare():
+    """P(at least s of the failed nodes still in repair), their count Poisson with mean `load`."""
+    import math
 
-    assert erlang_b(0, 1.3) == 1.0 and erlang_b(1, 1.0) == pytest.approx(0.5)
-    assert erlang_b(3, 1.3) == pytest.approx((1.3 ** 3 / 6) / (1 + 1.3 + 1.3 ** 2 / 2 + 1.3 ** 3 / 6))
+    from orchestrator.plan.goodput import no_spare_chance
+
+    assert no_spare_chance(0, 1.3) == 1.0 and no_spare_chance(1, 1.0) == pytest.approx(1 - math.exp(-1.0))
+    assert no_spare_chance(3, 1.3) == pytest.approx(1 - math.exp(-1.3) * (1 + 1.3 + 1.3 ** 2 / 2))

@@ -22,6 +22,13 @@ the TCP server and under the simulator's virtual clock (benchmarks/failover_sim.
   `decide(alive, dead, joiners, step)` and answers "reform" (new generation) or "exit".
 - join: a launched warm spare or a node back waits to be admitted; `now` asks for a change.
 - bye: a leader that finished; otherwise a leader's connection closing is its copy lost.
+- abort on knowledge: when a copy is known lost (the supervisor's `lost`: a rank exited, SLURM
+  named its node down, its ranks stalled or hung past their deadline; or its leader's
+  connection closed) the survivors' pending cross-copy collectives are aborted at once:
+  `abort(gen, dead)` (the job's store wakes every rank's watcher, train/replicas.py), so they
+  report at the boundary without waiting for the collective timeout, which stays the last
+  resort for a loss nobody noticed. When a change concludes, `abort(old_gen, [])` releases the
+  old generation's watchers (nobody is left in its collectives but the copies cut off).
 - stragglers: each commit carries the copy's own work in the step (`busy`, seconds) and
   whether a checkpoint save shared it; each committed step feeds them to `stragglers`
   (launch/stragglers.py), and the launcher takes who was named.
@@ -75,7 +82,10 @@ OPS = ("commit", "failed", "join", "bye", "hi", "tree")
 
 class Coordinator:
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float = 5.0,
-                 commit_timeout_s: float = 60.0, clock=time.monotonic, fan_in: int = 0, push=None, stragglers=None):
+                 commit_timeout_s: float = 60.0, clock=time.monotonic, fan_in: int = 0, push=None, stragglers=None,
+                 abort=None):
+        self.abort = abort  # abort(gen, dead copies): wake the survivors out of gen's cross-copy collectives
+        self.aborted: dict | None = None  # {gen, dead, at}: the abort of the current change, for its history
         self.stragglers = stragglers  # launch/stragglers.Stragglers, or None: not watched
         self.busy: dict | None = None  # the copies' busy summary for self.step (train/tree.busy_of)
         self.current = Generation(0, list(copies), plan_dir)
@@ -122,6 +132,9 @@ class Coordinator:
             if gone:
                 self.dead |= gone
                 self._begin_change()
+                if self.abort is not None:  # known lost: nobody waits for the collective timeout on it
+                    self.aborted = {"gen": self.current.gen, "dead": sorted(self.dead), "at": self.clock()}
+                    self.abort(self.current.gen, sorted(self.dead))
                 self._maybe_conclude()
 
     def admit(self, copy: int) -> None:
@@ -322,7 +335,9 @@ class Coordinator:
         dead = [c for c in self.current.copies if c not in alive]
         steps = [self.reporting[c] for c in alive]
         step = min(steps) if steps else 0
+        old, aborted = self.current.gen, self.aborted  # (the decision's event reads self.aborted)
         decision = self.decide(alive, dead, sorted(self.joiners), step)
+        self.aborted = None
         if decision.reform:
             self.current = Generation(self.current.gen + 1, list(decision.copies), decision.plan_dir, step)
             self.answer = {"op": "reform", "gen": self.current.gen, "copies": list(decision.copies),
@@ -330,7 +345,8 @@ class Coordinator:
         else:
             self.answer = {"op": "exit", "reason": decision.reason, "gen": self.current.gen + 1}
             self.current = Generation(self.current.gen + 1, [], "", step)
-        self.history.append({"time": time.time(), "alive": alive, "dead": dead, **self.answer})
+        self.history.append({"time": time.time(), "alive": alive, "dead": dead, **self.answer,
+                             "aborted": aborted})  # the survivors were woken at once (None: they found out)
         self.members = set(self.current.copies)
         self.pos = {c: i for i, c in enumerate(self.current.copies)}
         self.granted = (None, None, None)
@@ -342,6 +358,8 @@ class Coordinator:
         self.first_at, self.step, self.counted, self.off_tree = None, step, 0, []
         for c, r in replies:
             r(self._answer_for(c))
+        if self.abort is not None:  # the old generation is over: release its watchers
+            self.abort(old, [])
 
     def _answer_for(self, copy: int) -> dict:
         if self.answer is None:
@@ -384,16 +402,29 @@ class JobServices:
         self.rendezvous = subprocess.Popen([sys.executable, "-m", "orchestrator.train.rendezvous", "0", bind],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         port = int(self.rendezvous.stdout.readline())
+        self.job = f"job{os.environ.get('SLURM_JOB_ID') or secrets.token_hex(4)}.{secrets.token_hex(2)}"
         self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s,
-                                       stragglers=stragglers)
+                                       stragglers=stragglers, abort=self._abort)
         self.reported = 0
         self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
-        job = os.environ.get("SLURM_JOB_ID") or secrets.token_hex(4)
         self.env = {rundir.ENV_STORE: f"{bind}:{port}", rundir.ENV_CONTROL: self.server.address(bind),
-                    wire.KEY_ENV: str(key_file), rundir.ENV_JOB: f"job{job}.{secrets.token_hex(2)}"}
+                    wire.KEY_ENV: str(key_file), rundir.ENV_JOB: self.job}
         from orchestrator.launch.status import write_status
 
         write_status(self.run_dir, control_address=self.env[rundir.ENV_CONTROL])  # not a secret: the key is
+
+    def _abort(self, gen: int, dead: list[int]) -> None:
+        """Wake every rank of generation `gen` out of its cross-copy collectives: the store sets the
+        generation's abort key (rundir.abort_key; train/rendezvous.py sets it, train/replicas.py watches
+        it), naming the copies lost."""
+        import json
+
+        try:
+            value = json.dumps(dead, separators=(",", ":"))
+            self.rendezvous.stdin.write(f"set {self.job}/{rundir.abort_key(gen)} {value}\n")
+            self.rendezvous.stdin.flush()
+        except (OSError, ValueError):  # the store is gone: the collectives time out as before
+            pass
 
     def _report(self) -> None:
         """Dropped control messages into the job's log and status.json (when their count changes)."""

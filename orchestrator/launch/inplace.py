@@ -78,13 +78,22 @@ class InPlace:
                 "nodes_lost": self.workers.lost_nodes(), "old_layout": _layout(old), "new_layout": _layout(plan),
                 "failed_during_step": step, "steps_lost": 0, "steps_redone": 1 if dead else 0,
                 "samples_reassigned_per_step": lost_share if mode == "in_place" else 0,
-                "detected_at": self.detected if dead else None, "decided_at": time.time(), "recovery_s": None})
+                "detected_at": self.detected if dead else None, "decided_at": time.time(), "recovery_s": None,
+                # how the survivors left their pending cross-copy collectives: aborted by the coordinator the
+                # moment the loss was known, or they found out themselves (a connection reset, a timeout)
+                "survivors_released": ("abort" if self._aborted() else "found out") if dead else None})
             self.detected = None
             self.workers.say(f"FAILOVER ({mode}): copies {dead} lost, {new} new; generation with copies {copies}: "
                              f"{old.layout.label()} -> {plan.layout.label()}, going on at step {step} "
                              f"(0 steps lost)" if dead else
                              f"REJOIN: copies {new} join at step {step}: {old.layout.label()} -> {plan.layout.label()}")
             return Decision(True, str(plan_dir), copies, new=new)
+
+    def _aborted(self) -> dict | None:
+        """The coordinator's abort of the change being decided (launch/control.py), if there was one."""
+        services = getattr(self.workers, "services", None)
+        coord = getattr(self.workers, "coordinator", None) or getattr(services, "coordinator", None)
+        return getattr(coord, "aborted", None)
 
     def _replan(self, copies: int):
         """The plan of `copies` copies: the same TP, CP, PP and dp_shard, the global batch kept

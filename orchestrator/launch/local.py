@@ -81,6 +81,9 @@ class LocalWorkers(Workers):
         plan = json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text())
         ladder = timeouts.from_plan(plan, self.spec.failover)  # as plan.md prints it (plan/timeouts.py)
         self.deadline = progress.deadline_s(plan, self.spec.failover)
+        self.stall = ladder.get("stall_s")  # ranks waiting in the cross-copy collective on one that stopped
+        self.fence: tuple | None = None  # (node, until): a hung node's ranks, killed once the survivors moved on
+        self.fenced: set[int] = set()  # copies declared lost here (their ranks leave or are killed: expected)
         self.settle = ladder["settle_s"]  # failures this close together are one recovery (< quorum)
         self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
@@ -143,7 +146,7 @@ class LocalWorkers(Workers):
             return
         self.next_watch = now + 0.5
         live = {p.pid: slot for slot, p in enumerate(self.job.procs) if p.poll() is None}
-        late = progress.hung(progress.read(self.run_dir, live), now, self.deadline)
+        late = progress.hung(progress.read(self.run_dir, live), now, self.deadline, self.stall)
         if late is None:
             return
         slot = live[late.pid]
@@ -153,10 +156,27 @@ class LocalWorkers(Workers):
         except ProcessLookupError:
             pass
         time.sleep(1.0)
-        what = progress.verdict(late, name, node, now, self.deadline, f"{rundir.LOGS}/{name}.log")
+        what = progress.verdict(late, name, node, now, self.deadline, f"{rundir.LOGS}/{name}.log", self.stall)
         self.hang = (node, what, now - late.time)
         self.say(f"HANG: {what}")
+        copies = sorted({c for k, c in self.copy_of.items() if self.job.node_of(k) == node}
+                        & set(self.coordinator.current.copies)) if self.coordinator is not None else []
+        if copies:  # known lost: the coordinator aborts the survivors' collectives now; the node's ranks are
+            self.lost += [node] if node not in self.lost else []  # killed once the others moved on (bounded)
+            self.policy.detected = time.time()
+            self.coordinator.lost(copies)
+            self.fenced |= set(copies)
+            self.fence = (node, self.coordinator.current.gen, time.monotonic() + self.spec.failover.quorum_s + 5)
+            return
         self.job.kill_node(node)
+
+    def _fence(self) -> None:
+        """Kill a hung node's ranks once the coordinator decided without them (or its bound passed)."""
+        if self.fence is not None:
+            node, gen, until = self.fence
+            if self.coordinator.current.gen != gen or self.coordinator.changing is None or time.monotonic() > until:
+                self.fence = None
+                self.job.kill_node(node)
 
     def _watch_stragglers(self) -> None:
         """Copies the coordinator named stragglers: named everywhere; evicted when configured and a spare waits."""
@@ -171,6 +191,8 @@ class LocalWorkers(Workers):
 
     def _inject(self) -> None:
         self._watch_progress()
+        if self.policy is not None:
+            self._fence()
         if self.policy is not None:
             self._watch_stragglers()
         f = self.spec.fault
@@ -197,6 +219,7 @@ class LocalWorkers(Workers):
         first = None
         while True:
             self._inject()
+            dropped |= self.fenced  # a hung node's copies, declared lost: their exits are expected
             self.policy.poll()
             for slot, p in enumerate(self.job.procs):
                 code = p.poll()

@@ -175,7 +175,8 @@ class SrunWorkers(Workers):
         from orchestrator.plan.timeouts import from_plan
 
         self.deadline = progress.deadline_s(plan, self.spec.failover)
-        self.settle = from_plan(plan, self.spec.failover)["settle_s"]
+        ladder = from_plan(plan, self.spec.failover)
+        self.settle, self.stall = ladder["settle_s"], ladder.get("stall_s")
 
     def _copies_on(self, node: str) -> list[int]:
         """The copies of the state with a rank on `node` (ranks are laid out node by node)."""
@@ -205,12 +206,20 @@ class SrunWorkers(Workers):
                 pending, first = [], None
                 if outcome is not None:
                     return outcome
+            if self.policy is not None and code is None and self.lost and self._left_behind():
+                self.stop()  # every member finished; what is left are a lost node's ranks that could not leave
+                code = self.proc.poll()
+                break
             if self.policy is not None:
                 self.policy.poll()
                 for s in self.services.coordinator.take_stragglers():  # no spares on SLURM: named and kept
                     stragglers.name(self.run_dir, s, [n for n in self.current if s.copy in self.node_copies[n]],
                                     self.spec.failover, 0, self.say)
-            late = progress.watch(self.run_dir, self.deadline, self.lost) if code is None and not self.crash else None
+            hit = progress.crashed(self.run_dir, self.lost) if code is None and self.policy is None else None
+            if hit is not None:  # one copy: its peers would wait out their collective timeout on it
+                return self._crashed(hit)
+            late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall)
+                    if code is None and not self.crash else None)
             outcome = self._hung(late) if late is not None else None
             if outcome is not None:
                 return outcome
@@ -250,6 +259,43 @@ class SrunWorkers(Workers):
         return Outcome(False, [], f"the training step exited with status {code}; logs in "
                                   f"{self.run_dir / rundir.LOGS} (and attempt*/{rundir.LOGS})")
 
+    def _crashed(self, beat) -> Outcome:
+        """A rank said it ended with an error of its own (its beat; its node is up): the step is
+        stopped now, not after its peers' collective timeout, and the run goes on as after a crash."""
+        from orchestrator.launch.processes import last_error
+
+        detected = max(0.0, time.time() - beat.time)
+        error, until = "", time.monotonic() + 5.0  # its error line reaches its log through srun (bounded)
+        while time.monotonic() < until:
+            error = last_error(self.plan_dir / rundir.LOGS, f"rank{beat.task}")
+            if "Error" in error.split(":", 1)[0] or "Exception" in error.split(":", 1)[0]:
+                break
+            time.sleep(0.2)
+        print(f"rank {beat.rank} on {beat.host} crashed ({error}); the step is stopped now (its peers would wait "
+              f"their collective timeout)", flush=True)
+        self.stop()
+        return Outcome(False, [], f"a rank crashed ({error}); the step was stopped at once", detected, crashed=True,
+                       error=error, drained=list(self.drained))
+
+    def _gone(self) -> set:
+        """Hosts whose beats no longer count: lost, or (copies) every copy on them dropped by the
+        coordinator (a leader's connection closed, a copy fenced: its last beat is no one's wait)."""
+        gone = set(self.lost)
+        if self.policy is not None and self.services is not None:
+            current = set(self.services.coordinator.current.copies)
+            gone |= {n for n, cs in self.node_copies.items() if cs and not set(cs) & current}
+        return gone
+
+    def _left_behind(self) -> bool:
+        """Every copy of the current generation said bye for SETTLE x 2 + poll: the step only waits on
+        the ranks of a node declared lost (frozen, unreachable) that could not leave themselves."""
+        coord = self.services.coordinator if self.services is not None else None
+        if coord is None or not coord.current.copies or not set(coord.current.copies) <= coord.finished:
+            self.finishing = None
+            return False
+        self.finishing = getattr(self, "finishing", None) or time.monotonic()
+        return time.monotonic() - self.finishing > 2 * self.settle + self.spec.launcher.poll_s
+
     def _hung(self, late) -> Outcome | None:
         """A rank past the progress deadline: every task dumps its Python stack into its log
         (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
@@ -266,9 +312,17 @@ class SrunWorkers(Workers):
         self.signal(signal.SIGUSR1)
         time.sleep(2.0)
         log = rundir.rank_log(self.plan_dir, late.task)
-        what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log))
+        what = progress.verdict(late, f"rank {late.rank}", late.host, now, self.deadline, str(log), self.stall)
         print(f"HANG: {what}", flush=True)
         self.lost.append(late.host)
+        if self.policy is not None:  # copies: its copies are known lost; the coordinator aborts the survivors'
+            current = set(self.services.coordinator.current.copies)  # collectives and they go on in place; the
+            copies = sorted(set(self.node_copies.get(late.host, ())) & current)  # copy's ranks leave (fenced)
+            if copies and not failover.why_not_in_place(self.policy.plan) and \
+                    not self.policy.copies_alive_for(len(current - set(copies))):
+                self.policy.detected = self.policy.detected or time.time()
+                self.services.coordinator.lost(copies)
+                return None
         self.stop()
         return Outcome(False, list(self.lost), what, now - late.time)
 

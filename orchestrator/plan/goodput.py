@@ -15,11 +15,16 @@ copy's place; the survivors wait at the step's boundary (time they would have sp
 anyway), then
 
     crash      no wait: the process died, its peers' connections reset at once
-    node       C: the survivors are blocked in the cross-copy all-reduce on a silent peer until
-               it gives up; SLURM naming the node (launcher.node_fail_wait_s) only confirms it
-               (plus Q when SLURM has not named it by then: nobody else does)
-    hang       min(D, C): the hung rank is named at the hang deadline and its node lost
-    partition  C + Q: a silent peer that nobody names: the coordinator waits the quorum for it
+    node       the first to know: SLURM naming the node (launcher.node_fail_wait_s); the leader's
+               connection unanswered past K when the node held its copy's leader (one node in the
+               copy's nodes), else the copy's ranks stalled short of the collective past S (plus the
+               supervisor's poll); the coordinator then aborts the survivors' cross-copy all-reduce
+               (C only if nobody knew)
+    hang       S + poll: the stopped rank is named at the stall deadline (its peers beat that they
+               wait in the collective), its node lost, the survivors aborted
+    partition  as a node lost, without SLURM: K or S + poll (the leader's connection shares the cut
+               path; where it does not and the cut node holds the leader, not modelled here, it
+               is C + Q: the collective timeout, the last resort)
     drain      no wait: planned, the drained copy trains on while the supervisor sees SLURM's drain
                (its next poll, launcher.poll_s) and gathers the settle window W; it leaves at the
                boundary of the step the change begins in
@@ -32,9 +37,26 @@ wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half th
 in place loses nothing to a drain (the node trains on and is left out of the next launch).
 
 Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
-repair pipeline (spare_copies: failures per REPAIR_S, plus one). Every failure takes its node out
-for REPAIR_S; a failure that finds the pool empty restarts (the Erlang loss formula, for failures
-at the job's MTBF). The supervisor lives on the first node: one node or partition failure in
+repair pipeline. Every failure sends its node to repair for REPAIR_S, also one that finds no spare
+(the copies then shrink in place and the node, once back, rejoins), so the nodes in repair are
+every failure of the last REPAIR_S: Poisson with mean REPAIR_S / MTBF (not Erlang's loss, where a
+customer that finds every server busy is gone). A failure finds no spare when that count reaches
+the pool: no_spare_chance, the Poisson tail; the pool is the smallest with a chance at most
+SPARE_MISS (spare_copies). One that finds none shrinks the copies in place (the global batch split
+over one copy fewer: the job runs 1/copies slower until a node is back, REPAIR_S / (spares + 1)
+on average) instead of restarting.
+
+Checkpoint levels (checkpoint_level): with copies in place only a restart reads a checkpoint back
+(the supervisor's node lost, a failure that cannot go on in place), so the plan prices a
+snapshot of each rank's state in a peer node's host memory (Gemini's, NVIDIA's local
+checkpointing): SNAPSHOT_GBPS to copy it off the GPU (the blocking part), sent to the peer and
+persisted to the file system in the background; its interval is Young/Daly's on the failures
+that restart (not on every failure: in place loses only the step in flight), a whole number of
+steps; a restart reads the peer's copy back at PEER_READ_GBPS and redoes half an interval.
+Without copies the file system checkpoint at the plan's Young/Daly interval is the level. (The
+runtime writes the file system level; the peer-memory level is the plan's pricing of it.)
+
+The supervisor lives on the first node: one node or partition failure in
 `nodes` takes it away (crashes, hangs and drains leave it running).
 """
 from __future__ import annotations
@@ -61,6 +83,9 @@ STORE_OPS_S = 25_000.0  # a TCPStore's service rate (benchmarks/failover_sim.py 
 RELAUNCH_S = 120.0  # a restart: every rank started again and its world formed, before the checkpoint is read
 REQUEUE_S = 300.0  # the supervisor's node lost: SLURM ends the job (NODE_FAIL) and starts it again (--requeue)
 REPAIR_S = 4 * 3600.0  # a failed node is back in service (as a spare) after this
+SPARE_MISS = 0.05  # the pool is sized so that a failure finds no spare at most this often
+SNAPSHOT_GBPS = 50.0  # GB/s per GPU to copy its state into pinned host memory (PCIe 5 x16), the blocking part
+PEER_READ_GBPS = 25.0  # GB/s per GPU to read a peer node's host-memory snapshot back over the network
 
 
 def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
@@ -74,38 +99,65 @@ def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
 
 def spare_copies(plan) -> tuple[int, str]:
     """The warm spare copies a lost copy is replaced from: cluster.spare_nodes' whole copies, or
-    where none are set, the pool sized to the repair pipeline (failures per REPAIR_S, plus one)."""
+    where none are set, the smallest pool a failure finds empty at most SPARE_MISS of the time."""
     br, d, gpn = plan.blast_radius, plan.layout, plan.spec.hardware.gpus_per_node
     if plan.spec.cluster.spare_nodes:  # a copy of the state: tp x cp x pp x dp_shard GPUs (launch/inplace.copy_size)
         return plan.spec.cluster.spare_nodes * gpn // (d.tp * d.cp * d.pp * d.dp_shard), "cluster.spare_nodes"
     mtbf_s = br["job_mtbf_hours"] * 3600.0
     if not math.isfinite(mtbf_s) or mtbf_s <= 0:
         return 1, "one (no failure rate)"
-    return math.ceil(REPAIR_S / mtbf_s) + 1, f"sized to a {REPAIR_S / 3600:g} h repair at the job MTBF"
+    load, spares = REPAIR_S / mtbf_s, 1
+    while no_spare_chance(spares, load) > SPARE_MISS:
+        spares += 1
+    return spares, f"sized to a {REPAIR_S / 3600:g} h repair at the job MTBF (none left at most {SPARE_MISS:.0%})"
 
 
-def erlang_b(servers: int, load: float) -> float:
-    """The chance a failure finds every spare out for repair (Erlang's loss formula: `load` =
-    failures per repair time, `servers` spares)."""
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = load * b / (k + load * b)
-    return b
+def no_spare_chance(spares: int, load: float) -> float:
+    """The chance a failure finds every spare out: at least `spares` nodes in repair, their count
+    Poisson with mean `load` (failures per repair time; module docstring)."""
+    term = total = math.exp(-load)
+    for k in range(1, spares):
+        term *= load / k
+        total += term
+    return max(0.0, 1.0 - total) if spares > 0 else 1.0
 
 
 def waits(plan, t: dict | None = None) -> dict[str, float]:
     """{kind: seconds from the failure until the survivors can decide}, beyond the boundary of the
     step they would have reached anyway (the module docstring)."""
-    from orchestrator.plan.timeouts import ladder, node_confirm_s
+    from orchestrator.plan.timeouts import keepalive_s, ladder, node_confirm_s, stall_s
 
     fo, lc = plan.spec.failover, plan.spec.launcher
     step_s = plan.step.wall_s
     t = t or plan.blast_radius.get("timeouts") or ladder(fo, step_s, plan.blast_radius["checkpoint_seconds"])
     c, q, d = t["collective_s"], t["quorum_s"], t["hang_deadline_s"]
+    stall = t.get("stall_s", stall_s(step_s, plan.blast_radius["checkpoint_seconds"], d))
     poll = float(getattr(lc, "poll_s", 0.0) or 0.0)  # the supervisor's look at its ranks (the local one: at once)
     named = node_confirm_s(lc) if lc.name.value == "slurm" else poll  # a node's loss told to the coordinator
-    return {"crash": 0.0, "node": c + (q if named >= c else 0.0), "hang": min(d, c), "partition": c + q,
-            "drain": 0.0}
+    keep = t.get("keepalive_s", keepalive_s())
+    # a node that holds its copy's leader: the leader's connection is unanswered after K; another node of
+    # the copy: the copy's ranks stop short of the cross-copy collective and stall (S, then the poll)
+    d = plan.layout
+    lead = 1.0 / max(1.0, d.tp * d.cp * d.pp * d.dp_shard / plan.spec.hardware.gpus_per_node)
+    cut = lead * min(keep, c + q) + (1 - lead) * min(stall + poll, c + q)
+    return {"crash": 0.0, "node": min(named, cut, c), "hang": min(stall + poll, c), "partition": cut, "drain": 0.0}
+
+
+def checkpoint_level(plan, in_place: bool, restart_rate_s: float) -> dict:
+    """The level a restart reads from, its interval, its blocking cost and its read (module docstring)."""
+    br = plan.blast_radius
+    if not in_place:
+        every, ckpt_s = br["checkpoint_interval_s"], br["checkpoint_seconds"]
+        return {"level": "file_system", "interval_s": every, "blocking_s": ckpt_s, "read_s": ckpt_s,
+                "overhead": ckpt_s / every if every else 0.0}
+    d = plan.layout
+    per_gpu = br["checkpoint_bytes"] / max(1, d.tp * d.cp * d.pp * d.dp_shard)  # one copy's state, per rank
+    snap = per_gpu / (SNAPSHOT_GBPS * 1e9)
+    step = plan.step.wall_s
+    every = math.sqrt(2 * snap / restart_rate_s) if restart_rate_s > 0 else float("inf")
+    every = max(step, math.ceil(min(every, 7 * 86400.0) / step) * step) if step > 0 else every
+    return {"level": "peer_memory", "interval_s": every, "blocking_s": snap, "read_s": per_gpu / (PEER_READ_GBPS * 1e9),
+            "overhead": snap / every if every else 0.0}
 
 
 def goodput(plan, mix=FAILURE_MIX) -> dict:
@@ -115,30 +167,37 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     br = plan.blast_radius
     step_s = plan.step.wall_s
     in_place = why_not_in_place(plan) is None  # the launchers' own rule (copies, built-in runtime, no EP)
-    every = br["checkpoint_interval_s"]
-    if not every:
+    if not br["checkpoint_interval_s"]:
         return {"in_place": in_place, "lost_per_failure_s": 0.0, "predicted_ettr": 1.0}
-    ckpt_s, mtbf_s = br["checkpoint_seconds"], br["job_mtbf_hours"] * 3600.0
+    mtbf_s = br["job_mtbf_hours"] * 3600.0
     shares, wait = mix_shares(mix), waits(plan)
     rebuild = REBUILD_STORE_OPS * plan.world_size / STORE_OPS_S
-    restart = {k: wait[k] + RELAUNCH_S + ckpt_s + every / 2 for k in shares}
-    if not in_place:
-        restart["drain"] = 0.0  # planned: the node trains on and is left out of the next launch
     kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
     spares, spares_from = spare_copies(plan)
-    p_empty = erlang_b(spares, REPAIR_S / mtbf_s) if in_place else 1.0
+    p_empty = no_spare_chance(spares, REPAIR_S / mtbf_s) if in_place else 1.0
     # A failure that takes its node away (node, partition) takes the supervisor with it one time in
     # `nodes`: the job starts again (on SLURM, requeued). A crash, hang or drain leaves it running.
     p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)
+    restart_share = (p_supervisor * sum(shares[k] for k in SUPERVISOR_KINDS)) if in_place else 1.0
+    level = checkpoint_level(plan, in_place, restart_share / mtbf_s)
+    base = RELAUNCH_S + level["read_s"] + level["interval_s"] / 2  # started again, the state read, half redone
+    restart = {k: wait[k] + base for k in shares}
+    if not in_place:
+        restart["drain"] = 0.0  # planned: the node trains on and is left out of the next launch
     requeue = REQUEUE_S if plan.spec.launcher.name.value == "slurm" else 0.0
-    cost = {k: (1 - p_empty) * kept[k] + p_empty * restart[k] for k in shares}
-    for k in SUPERVISOR_KINDS:
-        cost[k] = p_supervisor * (restart[k] + requeue) + (1 - p_supervisor) * cost[k]
+    copies = max(1, plan.layout.dp_replicate)
+    short = REPAIR_S / (spares + 1) / copies if in_place else 0.0  # no spare: one copy short until a node is back
+    cost = {k: kept[k] + p_empty * short for k in shares} if in_place else dict(restart)
+    if in_place:
+        for k in SUPERVISOR_KINDS:
+            cost[k] = p_supervisor * (restart[k] + requeue) + (1 - p_supervisor) * cost[k]
     lost = sum(shares[k] * cost[k] for k in shares)
-    ettr = (1 - ckpt_s / every) * max(0.0, 1 - lost / mtbf_s)
+    ettr = (1 - level["overhead"]) * max(0.0, 1 - lost / mtbf_s)
     return {"in_place": in_place, "lost_per_failure_s": lost, "predicted_ettr": ettr,
             "by_kind": {k: {"share": shares[k], "in_place_s": kept[k] if in_place else None, "restart_s": restart[k]}
                         for k in shares},
             "spare_copies": spares if in_place else 0, "spares_from": spares_from if in_place else "",
-            "restart_share": p_empty + (1 - p_empty) * p_supervisor * sum(shares[k] for k in SUPERVISOR_KINDS),
-            "rebuild_s": rebuild}
+            "no_spare_chance": p_empty if in_place else 0.0, "restart_share": restart_share,
+            "checkpoint_level": level["level"], "checkpoint_interval_s": level["interval_s"],
+            "checkpoint_overhead": level["overhead"], "snapshot_s": level["blocking_s"], "restart_base_s": base,
+            "steps_lost_per_restart": level["interval_s"] / 2 / step_s if step_s else 0.0, "rebuild_s": rebuild}

@@ -1,11 +1,27 @@
 """The failover timeouts, ordered and derived from the plan's predicted step and checkpoint save
 (plan.md prints the ladder; plan.json holds it as blast_radius.timeouts). Torch-free.
 
-    settle window W  <  quorum Q  <  collective timeout C        and   hang deadline D  <  C
+    settle window W  <  quorum Q  <  collective timeout C        and   stall S  <=  hang deadline D  <  C
+
+A loss that is known is not waited for: when the supervisor or the coordinator knows a copy is
+lost (SLURM says its node is down, its leader's connection closed, its rank exited, its ranks
+stalled past S or D) the coordinator aborts the survivors' pending cross-copy collectives at
+once (launch/control.py `abort`, train/replicas.py) and they go on in place. C is the last
+resort, for a loss nobody noticed (a peer cut off that still beats).
 
 - D, the hang deadline (failover.progress_deadline_s): no rank made progress for this long ->
   the rank furthest behind is named and its node lost. DEADLINE_FACTOR x (predicted step +
   save), at least DEADLINE_FLOOR_S. Below C, so a hang is named before a collective gives up.
+- S, the stall deadline: a rank that has not reached the cross-copy collective while the
+  ranks waiting in it have waited this long (their beats say so: train/world.py, phase `wait`)
+  is the one that stopped; it is named and its node lost. STALL_FACTOR x (predicted step +
+  save), at least STALL_FLOOR_S, at most D. The others wait on a straggler (f - 1) x its step:
+  one up to twice as slow stays below it.
+- K, the control connection's keepalive (keepalive_s, stated: KEEPALIVE_*): a copy leader's
+  connection to the coordinator that goes unanswered this long (a node cut off, a dead machine
+  that sent no reset) errors, and the coordinator reads it as the copy lost (launch/control.py
+  `closed`), then aborts. It catches a partition only where the control connection shares the
+  cut path; a peer cut off from the collective's network alone is the collective timeout's.
 - W, the settle window (settle_s): failures seen within it after the first are
   one recovery (two nodes lost at once re-plan once). SETTLE_FRACTION of D, 1 .. 30 s.
 - Q, the quorum (failover.quorum_s): after the first copy reports a failure the coordinator
@@ -26,6 +42,25 @@ from orchestrator.config.errors import Problem
 
 DEADLINE_FACTOR = 10.0
 DEADLINE_FLOOR_S = 30.0
+STALL_FACTOR, STALL_FLOOR_S = 1.0, 20.0
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 3  # TCP keepalive of the control connections
+
+
+def keepalive_s() -> float:
+    """K: an unanswered control connection errors after the idle time and every probe unanswered."""
+    return float(KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT)
+
+
+def keep_alive(sock) -> None:
+    """TCP keepalive (and an unacknowledged-data timeout) at K on a control connection, where the
+    platform has them (train/control_server.py, train/wire.py)."""
+    import socket
+
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT), ("TCP_USER_TIMEOUT", int(1000 * keepalive_s()))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
 QUORUM_FLOOR_S = 10.0
 COLLECTIVE_FLOOR_S = 60.0
@@ -49,6 +84,11 @@ def detection_s(step_s: float, save_s: float, fo) -> float:
     return max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * (float(step_s or 0.0) + float(save_s or 0.0)))
 
 
+def stall_s(step_s: float, save_s: float, detection: float) -> float:
+    """S: how long the ranks waiting in a cross-copy collective wait on one that has not come."""
+    return min(float(detection), max(STALL_FLOOR_S, STALL_FACTOR * (float(step_s or 0.0) + float(save_s or 0.0))))
+
+
 def settle_s(detection: float) -> float:
     """W: how long to keep gathering failures after the first before deciding."""
     return min(SETTLE_MAX_S, max(SETTLE_MIN_S, SETTLE_FRACTION * float(detection)))
@@ -60,7 +100,9 @@ def ladder(fo, step_s: float, save_s: float) -> dict:
     w = settle_s(d)
     q = float(fo.quorum_s) if fo.quorum_s is not None else max(QUORUM_FLOOR_S, 2 * w)
     c = float(fo.timeout_s) if fo.timeout_s is not None else max(COLLECTIVE_FLOOR_S, 2 * d, 2 * q)
-    return {"hang_deadline_s": d, "settle_s": w, "quorum_s": q, "collective_s": c,
+    return {"hang_deadline_s": d, "stall_s": stall_s(step_s, save_s, d), "keepalive_s": keepalive_s(),
+            "settle_s": w, "quorum_s": q,
+            "collective_s": c,
             "derived": [k for k, v in (("progress_deadline_s", fo.progress_deadline_s), ("quorum_s", fo.quorum_s),
                                        ("timeout_s", fo.timeout_s)) if v is None]}
 
@@ -69,7 +111,7 @@ def from_plan(plan: dict, fo) -> dict:
     """The ladder a plan.json dict holds (blast_radius.timeouts), or derived from its predicted
     step and save when it holds none: what the launchers wait by, as plan.md prints it."""
     t = (plan.get("blast_radius") or {}).get("timeouts")
-    if t:
+    if t and "stall_s" in t and "keepalive_s" in t:
         return t
     return ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
                   float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
@@ -115,6 +157,15 @@ def lines(t: dict, node_fail_wait_s: float | None = None) -> list[str]:
     out = [f"- settle window {t['settle_s']:.1f} s < quorum {t['quorum_s']:.1f} s{how['quorum_s']} < collective "
            f"timeout {t['collective_s']:.1f} s{how['collective_s']}; hang deadline {t['hang_deadline_s']:.1f} s"
            f"{how['hang_deadline_s']} < collective timeout"]
+    if "stall_s" in t:
+        out.append(f"- stall deadline {t['stall_s']:.1f} s: a rank that has not reached the cross-copy collective "
+                   f"while its peers waited this long in it is named and its node lost")
+    if "keepalive_s" in t:
+        out.append(f"- control connections: TCP keepalive {t['keepalive_s']:.0f} s; a leader's connection that goes "
+                   f"unanswered that long is its copy lost")
+    out.append("- a loss that is known (SLURM's node down, a leader's connection closed, a rank exited, a stall or "
+               "hang named) aborts the survivors' pending cross-copy collectives at once and they go on in place; "
+               "the collective timeout is the last resort, for a loss nobody noticed")
     slurm = (f"{node_fail_wait_s:g} s (launcher.node_fail_wait_s)" if node_fail_wait_s else
              "SlurmdTimeout + 30 s, read from scontrol when the job starts (launcher.node_fail_wait_s)")
     out.append(f"- SLURM: a node whose ranks died is confirmed lost within {slurm}; the nodes SLURM reports "

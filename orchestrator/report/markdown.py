@@ -156,6 +156,12 @@ def _blast(plan) -> list[str]:
         g = goodput(plan)
         L.append(f"  goodput: predicted ETTR {g['predicted_ettr']:.1%} ("
                  + ("in place" if g["in_place"] else "restart") + f": a failure costs ~{_fmt_s(g['lost_per_failure_s'])})")
+        if g.get("checkpoint_level") == "peer_memory":  # plan/goodput.py: what a restart reads back, and the spares
+            L.append(f"  checkpoint level for restarts: a snapshot in a peer node's host memory every "
+                     f"{g['checkpoint_interval_s'] / 60:.1f} min (Young/Daly on the failures that restart; blocking "
+                     f"{_fmt_s(g['snapshot_s'])}, overhead {g['checkpoint_overhead']:.2%}), the file system in the "
+                     f"background; warm spare copies {g['spare_copies']} ({g['spares_from']}): a failure finds none "
+                     f"{g['no_spare_chance']:.1%} of the time and the copies then shrink in place")
     loss = br.get("after_node_loss")
     if loss and loss["nodes"]:
         L.append(f"  after one node lost: {loss['nodes']} nodes, dp {loss['dp']}, global batch {loss['global_batch']}"

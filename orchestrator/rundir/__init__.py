@@ -64,6 +64,13 @@ ENV_JOIN_NOW = "ORCH_JOIN_NOW"  # "1": join at once instead of at the next gener
 ENV_FORK_SERVER = "ORCH_FORK_SERVER"  # "0": one interpreter per rank instead of the fork server
 # (fault injection, fault.*, travels in plan.json: the rank reads it there, rundir/plan.py)
 ENV_JOB = "ORCH_JOB"  # the job's prefix for every key of the (unauthenticated) store
+
+
+def abort_key(gen: int) -> str:
+    """The store key (under the job's prefix) the coordinator sets when generation `gen`'s
+    cross-copy collectives are to be abandoned (launch/control.py; train/replicas.py watches it):
+    its value names the copies lost, as JSON."""
+    return f"abort/gen{gen}"
 ENV_CONTROL_KEY_FILE = "ORCH_CONTROL_KEY_FILE"  # the file holding the job's control secret (0600)
 ENV_HOSTS = "ORCH_HOSTS"  # SLURM: the host of each logical node, in the plan's order (placement)
 ENV_PLAN = "ORCH_PLAN"  # external trainers: this attempt's plan.json

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 
+from orchestrator.plan.timeouts import keep_alive
 from orchestrator.train import wire
 
 MAX_REFUSED = 64  # refused lines on one connection before it is closed
@@ -51,6 +52,7 @@ class ControlServer:
         if hasattr(coordinator, "push"):
             coordinator.push = self.push
         self.dirty: set[int] = set()
+        self.lines = self.closes = 0  # lines handed over (or refused), connections closed: what tests wait on
         self._last: tuple = (None, b"")
         self.running = True
         self.last_tick = time.monotonic()
@@ -104,6 +106,7 @@ class ControlServer:
             except OSError:  # out of descriptors, a connect reset before accept: the next one may do
                 return
             sock.setblocking(False)
+            keep_alive(sock)  # a leader cut off (no reset) errors after K: its copy lost (plan/timeouts.py)
             conn = _Conn(sock, secrets.token_hex(16))
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, sock.fileno())
@@ -131,6 +134,7 @@ class ControlServer:
             self._refuse(conn, "oversized", close=True)
 
     def _line(self, conn: _Conn, line: bytes) -> None:
+        self.lines += 1
         try:
             nonce, seq, body = wire.decode(self.key, line)
         except wire.Refused as e:
@@ -218,6 +222,7 @@ class ControlServer:
             if self.by_copy.get(conn.copy) is conn:
                 del self.by_copy[conn.copy]
             self.coordinator.closed(conn.copy)
+        self.closes += 1
 
     def close(self) -> None:
         self.running = False

@@ -5,7 +5,8 @@ address on SLURM; never every interface).
 Every copy of the model state initialises its torch world through it (under its own
 prefix), and the groups that cross copies are rebuilt through it at every generation, so
 it must outlive any rank: the launcher (or the SLURM supervisor) starts it and it serves
-until stdin closes or it is killed. It prints its port once it listens.
+until stdin closes or it is killed. It prints its port once it listens. A line `set KEY VALUE`
+on stdin sets a key (the coordinator's abort of a generation: launch/control.JobServices._abort).
 
 torch's TCPStore has no authentication: whoever reaches the port can read and write keys.
 So nothing that decides membership or commits lives here (that is the coordinator's,
@@ -31,7 +32,10 @@ def main() -> None:
     tcp = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=24),
                      master_listen_fd=sock.fileno())
     print(tcp.port, flush=True)
-    sys.stdin.read()  # serve until the parent closes our stdin (or kills us)
+    for line in sys.stdin:  # serve until the parent closes our stdin (or kills us)
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] == "set":
+            tcp.set(parts[1], parts[2].strip())
 
 
 if __name__ == "__main__":

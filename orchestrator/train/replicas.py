@@ -9,6 +9,12 @@ all N ranks: the loss and the stop flag are summed inside each copy and cross co
 through the copy leaders' commit messages (the coordinator answers with the totals); with
 more copies than the commit tree's fan-in they are summed on the way up a tree of leaders
 (train/tree.py): each leader then also serves an Aggregator for its children.
+When a copy is known lost, the coordinator aborts the survivors' pending cross-copy collectives
+at once (launch/control.py): it sets the generation's abort key in the job's store, which every
+rank watches on a connection of its own (one blocked `wait` a rank, nothing per step); a rank
+waiting in a cross-copy collective (in slices, `_wait`) then leaves it as failed, and a rank
+whose own copy is named lost leaves the run (fenced: a copy declared lost never comes back as a
+zombie). The collective timeout stays the last resort, for a loss nobody noticed.
 When a collective fails, the groups are dropped (references released and collected, so
 their sockets close and the other survivors fail fast instead of waiting for the timeout)
 and the copy's leader asks the coordinator what the next generation is.
@@ -22,6 +28,8 @@ Every key is under the job's prefix (ORCH_JOB): the store cannot authenticate.
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import os
 import threading
 import time
@@ -32,6 +40,9 @@ import torch.distributed as dist
 
 from orchestrator import rundir
 from orchestrator.train import tree, wire
+
+log = logging.getLogger("orchestrator")
+ABORT_SLICE = timedelta(seconds=0.05)  # a cross-copy wait looks at the abort flag this often (no cost when done)
 
 
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
@@ -64,11 +75,69 @@ class Replicas:
         self.up: wire.Client | None = None  # this generation's parent (None: the coordinator)
         self.direct_gen = -1  # the generation the coordinator told us to report to it directly in
         self.waiter = None
+        self.aborted = -1  # the latest generation whose cross-copy collectives the coordinator aborted
+        self.lost_by_abort: list[int] = []
+        self._gen_changed = threading.Event()
+        self._done = False
+        self.on_fenced = None  # called before a fenced rank leaves
+        addr = os.environ.get(rundir.ENV_STORE)
+        if addr:
+            threading.Thread(target=self._watch_aborts, args=(addr,), name="abort-watch", daemon=True).start()
         if control and local_rank == 0:  # the copy's leader speaks for it
             self.client = wire.Client(control, wire.env_secret())
             self.k = tree.fan_in(len(copies))
             if self.k < len(copies):
                 self._serve_tree()
+
+    def _watch_aborts(self, addr: str) -> None:
+        """Wake this rank out of its generation's cross-copy collectives when the coordinator aborts
+        them (a blocked wait on the store, on a connection of its own: the training thread's may be
+        busy in a group's lazy connect). Bounded waits, looked at again while the run goes on."""
+        try:
+            store = connect_store(addr)
+        except (RuntimeError, dist.DistError):
+            return  # no watcher: the collectives time out as before
+        while not self._done:
+            gen = self.gen
+            if gen < 0:
+                self._gen_changed.wait(1.0)
+                self._gen_changed.clear()
+                continue
+            key, t0 = rundir.abort_key(gen), time.monotonic()
+            try:
+                store.wait([key], timedelta(seconds=30))
+                dead = json.loads(store.get(key).decode() or "[]")
+            except (RuntimeError, dist.DistError, ValueError):
+                if time.monotonic() - t0 < 1.0:  # the store is gone (the run is ending): do not spin
+                    time.sleep(1.0)
+                continue  # not yet (the wait's own bound): look again
+            if dead:
+                self.lost_by_abort = list(dead)
+            self.aborted = max(self.aborted, gen)
+            if self.copy in dead and self.gen == gen:  # this copy was declared lost: it must not come back
+                log.info(f"copy {self.copy} was declared lost in generation {gen}: leaving the run (fenced)")
+                if self.on_fenced is not None:
+                    self.on_fenced()  # (the trainer's: its progress beat forgotten, a dismissed copy is no hang)
+                logging.shutdown()
+                os._exit(rundir.EXIT_LEFT)
+            while self.gen == gen and not self._done:
+                self._gen_changed.wait(1.0)
+                self._gen_changed.clear()
+
+    def _wait(self, work) -> None:
+        """Wait for a cross-copy collective, in slices, leaving it as failed when the coordinator
+        aborted this generation (a copy known lost) before it completed."""
+        gen = self.gen
+        while True:
+            try:
+                work.wait(ABORT_SLICE)
+                return
+            except RuntimeError as e:
+                if "Operation timed out" not in str(e):
+                    raise  # the collective itself failed (a peer reset, gloo's own timeout)
+            if self.aborted >= gen:
+                raise RuntimeError(f"generation {gen}'s cross-copy collective aborted by the coordinator: "
+                                   f"copies {self.lost_by_abort} lost")
 
     @property
     def index(self) -> int:
@@ -122,6 +191,7 @@ class Replicas:
         generation's first commit. The fan-in is the coordinator's (fixed at the job's start; the
         `tree` answer carries it)."""
         self.gen, self.copies = gen, list(copies)
+        self._gen_changed.set()
         if self.agg is not None:
             self.agg.configure(gen, self.copies, self.k)
             self.tree_gen = None
@@ -214,6 +284,8 @@ class Replicas:
 
     def finish(self) -> None:
         """The copy is done: say so, so that its connection closing is not read as a loss."""
+        self._done = True
+        self._gen_changed.set()
         if self.client is not None:
             try:
                 self.client.send({"op": "bye", "copy": self.copy, "gen": self.gen})
@@ -225,12 +297,12 @@ class Replicas:
         for c in self.parents.values():
             c.close()
 
-    @staticmethod
-    def all_reduce(pg, tensor: torch.Tensor) -> None:
-        """SUM over one of our groups (they are not in torch's registry: the group's own call)."""
+    def all_reduce(self, pg, tensor: torch.Tensor) -> None:
+        """SUM over one of our groups (they are not in torch's registry: the group's own call); left
+        as failed when the coordinator aborts the generation (`_wait`)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
-        pg.allreduce([tensor], opts).wait()
+        self._wait(pg.allreduce([tensor], opts))
 
     def broadcast_state(self, tensors: list[torch.Tensor], src_index: int) -> None:
         """Every tensor of this position's state from the copy at `src_index` (a newcomer

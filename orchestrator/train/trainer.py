@@ -101,6 +101,7 @@ class Trainer:
             first = [self.place.copy] if self.joining else list(range(self.lay["dp_replicate"]))
             self.replicas = Replicas(job_store, os.environ.get(rundir.ENV_CONTROL), self.place.copy, self.place.local,
                                      dist.get_world_size(), self.spec.failover.timeout_s, first)
+            self.replicas.on_fenced = world.forget_beat  # a copy declared lost leaves: its last beat is no hang
 
     def build(self) -> None:
         """Model chunks, one optimizer per chunk (torchtitan's way: each chunk's state dict then
@@ -244,10 +245,13 @@ class Trainer:
         stop = 1.0 if self.should_stop is not None and self.should_stop() else 0.0
         agg = torch.tensor([*self._loss_terms(local), stop], dtype=torch.float64)
         ok = True
+        world.beat(self.run_dir, step, "wait", self.rank)  # from here on it waits on the other copies
         try:
             sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
-        except RuntimeError:  # a copy is gone
+        except RuntimeError as e:  # a copy is gone (aborted by the coordinator, or found out: a reset, a timeout)
             ok = False
+            if self.leader:
+                log.info(f"step {step + 1}: cross-copy collective left: {str(e).splitlines()[0][:300]}")
         if not ok:  # drop the groups now, so every peer learns it fast (outside the except: its
             rep.drop()  # traceback holds the group, whose destructor would then run on this thread)
         saving, self._saved = self._saved or self._saving, False

@@ -83,6 +83,12 @@ def main() -> None:
         if e.message:
             log.error(e.message)
         sys.exit(e.status)
+    except Exception as e:  # the error's own line first (the traceback follows), then the beat that says so
+        import traceback
+
+        print(traceback.format_exception_only(e)[-1].strip(), file=sys.stderr, flush=True)
+        world.crashed_beat(e)
+        raise
     world.forget_beat()
     sys.exit(EXIT_STOPPED if history.get("stopped") else EXIT_OK)
 

@@ -128,6 +128,25 @@ def beat(run_dir: Path, step: int, phase: str, rank: int = -1) -> None:
     _beat_file[:] = [path]
 
 
+PEER_ERRORS = ("closed by peer", "reset by peer", "Broken pipe", "Timed out", "timed out", "aborted by the coordinator")
+
+
+def crashed_beat(error: BaseException) -> None:
+    """This rank ends with an error: its beat says so at once (phase `crashed` when the error is its
+    own, `peer` when it is a peer's failure seen: a connection closed or reset, a timeout), so a
+    supervisor that sees only the beats (SLURM) stops the step now instead of letting its peers
+    wait out their collective timeout (launch/progress.crashed)."""
+    text = str(error)
+    phase = "peer" if any(p in text for p in PEER_ERRORS) else "crashed"
+    for path in _beat_file:
+        try:
+            fields = path.read_text().split()
+            fields[1], fields[2] = phase, repr(time.time())
+            path.write_text(" ".join(fields))
+        except (OSError, IndexError):
+            pass
+
+
 def forget_beat() -> None:
     """A rank that ended well (finished, or dismissed from the run) is no longer watched."""
     for path in _beat_file:
