@@ -20,6 +20,12 @@ STUBS = Path(__file__).resolve().parent / "framework_stubs"  # stand-ins for mod
 
 # folder name -> (the release itself, installed --no-deps; the light packages its code imports)
 RELEASES: dict[str, tuple[list[str], list[str]]] = {
+    # torchtitan: its config parser (tyro), ParallelDims and pipeline split. 0.3 selects a model's
+    # config from a registry whose modules import its data loaders (datasets), checkpointing and
+    # float8 (torchao), so those come too; torchdata, spmd_types and torchao ask for torch: no deps.
+    "torchtitan-0.2.0": (["torchtitan==0.2.0"], ["tyro", "tokenizers"]),
+    "torchtitan-0.3.0": (["torchtitan==0.3.0", "torchdata==0.11.0", "spmd_types==0.3.1", "torchao==0.18.0"],
+                         ["tyro", "tokenizers", "safetensors", "einops", "datasets"]),
 }
 
 
@@ -52,7 +58,7 @@ def install(name: str) -> None:
     if light:
         # the light packages with their own dependencies, but never torch: it is the project's
         subprocess.run(pip + [*light], check=True)
-        for p in target.glob("torch*"):
+        for p in [*target.glob("torch"), *target.glob("torch-*.dist-info"), *target.glob("nvidia*")]:
             raise SystemExit(f"{name}: {p.name} was pulled into {target}; pin the package that asked for it")
     (target / ".installed").write_text(" ".join(release + light) + "\n")
 
