@@ -23,7 +23,7 @@ RELEASES: dict[str, tuple[list[str], list[str]]] = {
     # torchtitan: its config parser (tyro), ParallelDims and pipeline split. 0.3 selects a model's
     # config from a registry whose modules import its data loaders (datasets), checkpointing and
     # float8 (torchao), so those come too; torchdata, spmd_types and torchao ask for torch: no deps.
-    "torchtitan-0.2.0": (["torchtitan==0.2.0"], ["tyro", "tokenizers"]),
+    "torchtitan-0.2.0": (["torchtitan==0.2.0", "torchdata==0.11.0"], ["tyro", "tokenizers", "datasets"]),
     "torchtitan-0.3.0": (["torchtitan==0.3.0", "torchdata==0.11.0", "spmd_types==0.3.1", "torchao==0.18.0"],
                          ["tyro", "tokenizers", "safetensors", "einops", "datasets"]),
 }
@@ -44,10 +44,10 @@ def env(name: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + ([old] if old else []))}
 
 
-def run(name: str, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -c code` with release `name` importable."""
+def run(name: str, code: str, timeout: float = 300, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -c code` with release `name` importable (`stdin`: its standard input)."""
     return subprocess.run([sys.executable, "-c", code], env=env(name), cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, input=stdin)
 
 
 def install(name: str) -> None:

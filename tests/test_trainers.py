@@ -125,39 +125,149 @@ def test_megatron_names_are_cited_and_match_its_source():
     assert {k: found.get(k) for k in megatron.CITED} == megatron.CITED
 
 
-def test_torchtitan_names_match_its_config_classes():
-    from orchestrator.frameworks import torchtitan, trainers
+# ---- torchtitan's own code on the rendered lines: one subprocess per release ----------------
+TT_MOE = {"0.2": ["trainer.args=['--model.name=deepseek_v3','--model.flavor=debugmodel']"],
+          "0.3": ["trainer.args=[--module, deepseek_v3, --config, deepseek_v3_debugmodel]"]}
+# (id, overrides, lines it is for): recipes and hand layouts with PP, interleaving, CP, FSDP, HSDP, EP
+TT_CASES = [
+    ("llama3_405b", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500"], ("0.2", "0.3")),
+    ("llama3_405b_16k", ["recipe=llama3_405b_16k", "launcher=slurm"], ("0.2", "0.3")),
+    ("megatron_1t", ["recipe=megatron_1t", "launcher=slurm", "layout.zero=3"], ("0.2",)),  # gpt_1t: no 0.3 registry entry
+    ("tp2", [*SMALL, "layout.tp=2", "training.checkpoint.every=10"], ("0.2", "0.3")),
+    ("tp2pp2_dualpipev", [*SMALL, "layout.tp=2", "layout.pp=2", "schedule=dualpipev",
+                          "training.recompute=selective"], ("0.2", "0.3")),
+    ("tp2pp2_1f1b_order", [*SMALL, "layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"], ("0.2", "0.3")),
+    ("tp4pp2_interleaved", [*SMALL, "layout.tp=4", "layout.pp=2", "schedule=interleaved_1f1b", "layout.vp=2"],
+     ("0.2", "0.3")),
+    ("tp2cp2pp2", [*SMALL, "layout.tp=2", "layout.cp=2", "layout.pp=2"], ("0.2", "0.3")),
+    ("hsdp_tp2pp2", [*SMALL, "layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ("0.2", "0.3")),
+    ("pp4tp2", [*SMALL, "layout.pp=4", "layout.tp=2", "training.recompute=none"], ("0.2", "0.3")),
+    ("fsdp_tp8", [*SMALL, "layout.tp=8"], ("0.2", "0.3")),
+    ("moe_ep4tp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2"], ("0.2", "0.3")),
+    ("moe_ep2tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
+]
+GROUP_RANKS_MAX = 64  # every rank of a world this small; two ranks of a recipe's
 
-    spec = importlib.util.find_spec("torchtitan")
-    if spec is None:
-        pytest.skip(f"torchtitan is not installed (checked against torchtitan=={torchtitan.VERSION}: "
-                    f"pip install --no-deps torchtitan=={torchtitan.VERSION})")
-    path = Path(spec.submodule_search_locations[0]) / "config" / "job_config.py"
-    mod_spec = importlib.util.spec_from_file_location("tt_job_config", path)  # dataclasses only: no torch
-    jc = importlib.util.module_from_spec(mod_spec)
-    sys.modules["tt_job_config"] = jc
-    mod_spec.loader.exec_module(jc)
-    sections = {f.name: f.default_factory() for f in dataclasses.fields(jc.JobConfig)}
-    base = [*SMALL, "layout.tp=2"]
-    for case in (base, [*base, "layout.pp=2", "schedule=dualpipev", "training.recompute=selective"],
-                 ["recipe=llama3_405b", "launcher=slurm"], [*base, "model=tiny_moe", "layout.ep=4"]):
-        p = plan_of(*case, "trainer=torchtitan", "training.checkpoint.every=10")
-        assert p.valid, p.errors
-        for a in trainers.argv(p.to_json(), Path("/RUN")):
-            if not a.startswith("--"):
+
+@pytest.fixture(scope="module")
+def torchtitan_runs(tmp_path_factory):
+    """Each release's own code on every line rendered for it: {line: [(case id, plan json, argv, result)]}."""
+    import json
+
+    import frameworks
+    from orchestrator.frameworks import torchtitan
+    from orchestrator.frameworks.trainers import argv, files
+
+    out = {}
+    for line, m in torchtitan.LINES.items():
+        name = f"torchtitan-{m.RELEASE}"
+        if not frameworks.installed(name):
+            continue
+        cases, meta = [], {}
+        for cid, over, lines in TT_CASES:
+            if line not in lines:
                 continue
-            key, _, value = a[2:].partition("=")
-            section, field = key.split(".")
-            obj = sections[section]
-            assert hasattr(obj, field), a
-            default = getattr(obj, field)
-            if isinstance(default, bool):
-                assert value == "", a  # booleans are bare flags
-            elif isinstance(default, int):
-                int(value)
-            hint = {f.name: f.type for f in dataclasses.fields(obj)}[field]
-            if "Literal" in str(hint):
-                assert repr(value) in str(hint), (a, hint)
+            extra = TT_MOE[line] if "model=tiny_moe" in over else []
+            p = plan_of(*over, *extra, "trainer=torchtitan", f"trainer.version={line}")
+            assert p.valid, (cid, line, p.errors)
+            pj = p.to_json()
+            plan_dir = tmp_path_factory.mktemp(f"{line}-{cid}")
+            for fname, text in files(pj, line).items():
+                (plan_dir / fname).write_text(text)
+            words = argv(pj, plan_dir, line)
+            assert words[:3] == ["python", "-m", "torchtitan.train"]
+            world = p.world_size
+            ranks = list(range(world)) if world <= GROUP_RANKS_MAX else [0, world - 1]
+            cases.append({"id": cid, "argv": words[3:], "world": world, "ranks": ranks})
+            meta[cid] = (p, pj, words)
+        r = frameworks.run(name, f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_ref.py')!r}, "
+                                 f"run_name='__main__')", timeout=900, stdin=json.dumps({"cases": cases}))
+        results = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        assert len(results) == len(cases), r.stderr[-5000:]
+        out[line] = [(res["id"], *meta[res["id"]], res) for res in results]
+    if not out:
+        pytest.skip("no torchtitan release installed: python tests/frameworks.py (make test does)")
+    return out
+
+
+def _plan_split(pj: dict) -> tuple[list[list[int]], list[int]]:
+    """The plan's virtual stages (layers of each, in pipeline order) and the pp rank of each."""
+    virtual = sorted(((v["stage"], v["layers"], st["pp_rank"]) for st in pj["layout"]["stages"]
+                      for v in st["virtual"]))
+    return [list(range(*lay)) for _, lay, _ in virtual], [r for *_, r in virtual]
+
+
+@pytest.mark.parametrize("line", ["0.2", "0.3"])
+def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtitan_runs, line):
+    """torchtitan's own ConfigManager().parse_args (and, for 0.3, its Trainer.Config validation)
+    on each rendered line, its split functions against the plan's stages."""
+    if line not in torchtitan_runs:
+        pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
+    splits = 0
+    for cid, p, pj, words, res in torchtitan_runs[line]:
+        assert res["ok"], (cid, " ".join(words)[:3000], res.get("error"))
+        lay, tr = pj["layout"], pj["config"]["training"]
+        got = res["read"]
+        shard, repl = (1, lay["dp"]) if lay["zero"] == 0 else (lay["dp_shard"], lay["dp_replicate"])
+        assert (got["tp"], got["cp"], got["pp"], got["ep"], got["dp_shard"], got["dp_replicate"]) == \
+            (lay["tp"], lay["cp"], lay["pp"], lay["ep"], shard, repl), cid
+        assert got["global_batch"] == tr["global_batch"] and got["seq_len"] == tr["seq_len"], cid
+        assert got["steps"] == tr["steps"] and got["seed"] == tr["seed"], cid
+        assert got["local_batch"] * lay["dp"] == tr["global_batch"] or lay["pp"] == 1, cid
+        if lay["pp"] > 1:
+            assert got["micro_batch"] == lay["micro_batch"], cid
+            if cid.startswith("moe") or cid == "megatron_1t":  # torchtitan's own debug model (trainer.args, or
+                continue  # its default flavor for gpt_1t), not ours: the split is of another model
+            assert (res["split"], res["stage_rank"]) == tuple(_plan_split(pj)), cid
+            splits += 1
+        ck = tr["checkpoint"]
+        assert got["checkpoint"][0] == (ck["every"] > 0), cid
+        if ck["every"] > 0:
+            assert got["checkpoint"][2] == ck["every"], cid
+    print(f"torchtitan {line}: {len(torchtitan_runs[line])} lines parsed and read back, {splits} stage splits")
+    assert splits >= 6
+
+
+@pytest.mark.parametrize("line", ["0.2", "0.3"])
+def test_torchtitans_own_groups_are_the_plans_for_every_rank(torchtitan_runs, line):
+    """ParallelDims(...).build_mesh() under torch's fake process group, run for each RANK: its
+    tp, cp, pp, dp_shard, dp_replicate, dp and ep groups, mapped to the plan's GPUs through
+    rank_map, are the plan's groups of that GPU."""
+    from orchestrator.frameworks.trainers import rank_map
+    from orchestrator.plan.topology import RankGrid
+
+    if line not in torchtitan_runs:
+        pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
+    compared = 0
+    for cid, p, pj, words, res in torchtitan_runs[line]:
+        assert res["ok"], (cid, res.get("error"))
+        ranks = rank_map(pj)
+        pos = {r: q for q, r in enumerate(ranks)}
+        grid = RankGrid(pj["ranks"]["sizes"], pj["ranks"]["order"])
+        lay = pj["layout"]
+        shard = lay["dp_shard"] if lay["zero"] else 1
+        same = {"tp": lambda c: {k: c[k] for k in c if k != "tp"}, "cp": lambda c: {k: c[k] for k in c if k != "cp"},
+                "pp": lambda c: {k: c[k] for k in c if k != "pp"}, "dp": lambda c: {k: c[k] for k in c if k != "dp"},
+                "dp_shard": lambda c: {**{k: c[k] for k in c if k != "dp"}, "r": c["dp"] // shard},
+                "dp_replicate": lambda c: {**{k: c[k] for k in c if k != "dp"}, "s": c["dp"] % shard}}
+        ep_of = {}
+        if lay["ep"] > 1:
+            for g in p.expert_grid().groups("ep").tolist():
+                ep_of.update({q: frozenset(g) for q in g})
+        for rank, mine in res["groups"].items():
+            q = pos[int(rank)]
+            for dim, group in mine.items():
+                theirs = frozenset(pos[r] for r in group)
+                if dim == "ep":
+                    assert theirs == ep_of[q], (cid, rank, dim)
+                    continue
+                key = same[dim](grid.coords(q))
+                plan = frozenset(x for x in range(grid.world) if same[dim](grid.coords(x)) == key)
+                assert theirs == plan, (cid, rank, dim, sorted(theirs), sorted(plan))
+            assert "tp" not in mine or len({pos[r] // p.spec.hardware.gpus_per_node for r in mine["tp"]}) == 1
+            compared += 1
+    print(f"torchtitan {line}: groups of {compared} ranks compared")
+    assert compared >= 32
 
 
 # ---- placement: the framework's own groups, built from RANK as the framework builds them ---

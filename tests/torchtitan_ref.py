@@ -1,0 +1,147 @@
+"""Run inside a torchtitan release's subprocess (tests/frameworks.run): torchtitan's own code on
+rendered command lines. Reads {"cases": [{"id", "argv", "world", "ranks"}]} as JSON on stdin,
+prints one JSON object per case: what its ConfigManager().parse_args read back, the layers of
+each pipeline stage from its split functions and the pp rank holding each stage, and for each
+rank in "ranks" its groups from ParallelDims(...).build_mesh() under torch's fake process
+group (a CPU, no GPU). The rank's GPU is an H100 for the checks torchtitan makes of it when it
+builds a registry config (float8 needs SM89)."""
+import contextlib
+import io
+import json
+import re
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from torch.utils._triton import has_triton_package  # noqa: E402
+
+has_triton_package()  # cached False before torchtitan imports the triton stand-in: torch runs without triton here
+import torch._inductor.runtime.triton_compat  # noqa: E402,F401  (so does its `import triton`, made before)
+import torch._dynamo  # noqa: E402,F401
+torch.cuda.is_available = lambda: True  # the rank's GPU, as torchtitan asks of it while configuring
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+
+import torchtitan  # noqa: E402
+from importlib.metadata import version  # noqa: E402
+
+RELEASE = version("torchtitan")
+LINE = ".".join(RELEASE.split(".")[:2])
+from torchtitan.config import ConfigManager  # noqa: E402
+from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
+import torchtitan.distributed.pipeline_parallel as pp_mod  # noqa: E402
+if LINE == "0.2":
+    from torchtitan.protocols.train_spec import get_train_spec
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class  # noqa: E402
+
+DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "ep")
+
+
+def layers_of(part):
+    return [int(m.split(".")[1]) for m in part if re.fullmatch(r"layers\.\d+", m)]
+
+
+def split(cfg):
+    par = cfg.parallelism
+    if par.pipeline_parallel_degree == 1:
+        return None, None
+    if LINE == "0.2":
+
+        n_layers = get_train_spec(cfg.model.name).model_args[cfg.model.flavor].n_layers
+        pd = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
+                          cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+                          pp=par.pipeline_parallel_degree, ep=par.expert_parallel_degree,
+                          etp=par.expert_tensor_parallel_degree, world_size=WORLD)
+        parts = par.module_fqns_per_model_part
+        if parts is None:  # pipeline_llm (0.2 has no separate function for the stage count): None = its default
+            single = issubclass(get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle)
+            lps = par.pipeline_parallel_layers_per_stage
+            first, last = par.pipeline_parallel_first_stage_less_layers, par.pipeline_parallel_last_stage_less_layers
+            stages = -(-(n_layers + first + last) // lps) if lps else pd.pp * (1 if single else 2)
+            parts = pp_mod.generate_llm_fqn_per_model_part(stages, n_layers, first, last)
+    else:
+        pd = ParallelDims.from_config(par, WORLD)
+        stages, n_layers, first, last = pp_mod._get_pipeline_metadata(pd, par, cfg.model_spec.model)
+        parts = par.module_fqns_per_model_part or pp_mod._generate_llm_fqn_per_model_part(stages, n_layers, first, last)
+    if LINE == "0.2":  # 0.2's stage placement lives inside pipeline_module_split: run it on the meta device
+        owner = {}
+        spec = get_train_spec(cfg.model.name)
+        with torch.device("meta"):
+            model = spec.model_cls(spec.model_args[cfg.model.flavor])
+        for rank in range(par.pipeline_parallel_degree):
+            r = rank * (WORLD // par.pipeline_parallel_degree)  # a RANK with this pp coordinate (pp outermost)
+            dist.init_process_group("fake", rank=r, world_size=WORLD, store=FakeStore())
+            try:
+                mesh = pd.build_mesh()
+                stages, _ = pp_mod.pipeline_module_split(model, mesh["pp"], par.pipeline_parallel_schedule,
+                                                         torch.device("meta"), parts)
+                owner.update({st.stage_index: rank for st in stages})
+            finally:
+                dist.destroy_process_group()
+    else:
+        owner = {s: rank for rank in range(par.pipeline_parallel_degree)
+                 for s in pp_mod._get_pp_rank_to_stage_indices_mapping(rank, par.pipeline_parallel_degree,
+                                                                       par.pipeline_parallel_schedule, len(parts))}
+    return [layers_of(p) for p in parts], [owner[s] for s in range(len(parts))]
+
+
+def groups(par, ranks):
+    out = {}
+    for r in ranks:
+        dist.init_process_group("fake", rank=r, world_size=WORLD, store=FakeStore())
+        try:
+            if LINE == "0.2":
+                pd = ParallelDims(dp_replicate=par.data_parallel_replicate_degree,
+                                  dp_shard=par.data_parallel_shard_degree, cp=par.context_parallel_degree,
+                                  tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
+                                  ep=par.expert_parallel_degree, etp=par.expert_tensor_parallel_degree,
+                                  world_size=WORLD)
+                pd.build_mesh()
+                get = lambda n: pd.world_mesh[n]  # noqa: E731
+            else:
+                pd = ParallelDims.from_config(par, WORLD)
+                pd.build_mesh()
+                get = pd.get_mesh
+            mine = {}
+            for n in DIMS:
+                try:
+                    mine[n] = get(n).mesh.flatten().tolist()
+                except (KeyError, ValueError, RuntimeError):
+                    pass  # a dimension of degree 1 is not built
+            out[r] = mine
+        finally:
+            dist.destroy_process_group()
+    return out
+
+
+cases = json.load(sys.stdin)["cases"]
+for case in cases:
+    WORLD = case["world"]
+    res = {"id": case["id"], "release": RELEASE}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            cfg = ConfigManager().parse_args(case["argv"])
+        par, tr = cfg.parallelism, cfg.training
+        res["read"] = {"dp_replicate": par.data_parallel_replicate_degree, "dp_shard": par.data_parallel_shard_degree,
+                       "tp": par.tensor_parallel_degree, "cp": par.context_parallel_degree,
+                       "pp": par.pipeline_parallel_degree, "ep": par.expert_parallel_degree,
+                       "local_batch": tr.local_batch_size, "global_batch": tr.global_batch_size,
+                       "seq_len": tr.seq_len, "steps": tr.steps,
+                       "micro_batch": par.pipeline_parallel_microbatch_size,
+                       "schedule": par.pipeline_parallel_schedule,
+                       "dump_folder": cfg.job.dump_folder if LINE == "0.2" else cfg.dump_folder,
+                       "seed": tr.seed if LINE == "0.2" else cfg.debug.seed,
+                       "checkpoint": [cfg.checkpoint.enable, cfg.checkpoint.folder, cfg.checkpoint.interval],
+                       "recompute": cfg.activation_checkpoint.mode if LINE == "0.2"
+                       else type(cfg.activation_checkpoint).__qualname__}
+        try:  # torchtitan splits its own model: where trainer.args name another (a debug model), it may refuse
+            res["split"], res["stage_rank"] = split(cfg)
+        except ValueError as e:
+            res["split"], res["stage_rank"], res["split_error"] = None, None, str(e)[:500]
+        res["groups"] = groups(par, case["ranks"])
+        res["ok"] = True
+    except BaseException as e:  # noqa: BLE001 (SystemExit from tyro too): report, go on with the next
+        res["ok"], res["error"] = False, f"{type(e).__name__}: {e}"[:2000] + traceback.format_exc()[-1500:]
+    print(json.dumps(res), flush=True)
