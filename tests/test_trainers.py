@@ -73,21 +73,30 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
 
 
 # ---- rendered arguments ------------------------------------------------------------------
-def _preview(cli, trainer: str) -> str:
+def _preview(cli, trainer: str, *extra) -> str:
     r = cli("recipe=llama3_405b", f"trainer={trainer}", "launcher=slurm", "launcher.submit=false", "figures=false",
-            "training.checkpoint.every=500")
+            "training.checkpoint.every=500", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     srun = (cli.dir / "slurm" / "preview.srun").read_text()
     assert srun.strip() in r.stdout  # shown, not only written
+    if trainer == "torchtitan":  # the preview says which release it rendered for
+        assert f"rendered for torchtitan {extra[0].split('=')[1]} (trainer.version=" in r.stdout, r.stdout[-500:]
     return srun.split(" -- ", 1)[1].replace(str(cli.dir), "RUN")
 
 
-@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+@pytest.mark.parametrize("trainer", ["torchtitan-0.2", "torchtitan-0.3", "megatron"])
 def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(cli, trainer):
-    line = _preview(cli, trainer)
-    assert line == golden(f"trainer_{trainer}.txt", line)
+    trainer, _, version = trainer.partition("-")
+    line = _preview(cli, trainer, *([f"trainer.version={version}"] if version else []))
+    assert line == golden(f"trainer_{trainer}{'_' + version if version else ''}.txt", line)
     f = flags(line.split())
-    if trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
+    if trainer == "torchtitan" and version == "0.3":  # the split as module names on the command line
+        words = line.split()
+        parts = words[words.index("--parallelism.module_fqns_per_model_part") + 1:][:16 * 7]
+        assert parts[0] == "tok_embeddings,layers.0" and parts[-1].endswith("norm,lm_head")
+        assert sum(p.count("layers.") for p in parts) == 126 and words[-1] == "activation-checkpoint:none"
+        assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--module"] == "" and "llama3" in words
+    elif trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
         assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "16"
         assert f["--parallelism.data_parallel_shard_degree"] == "64"
         assert f["--training.local_batch_size"] == str(2048 // 64)
@@ -306,40 +315,9 @@ def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
         assert len({pos[r] // gpn for r in g}) == 1, g
 
 
-MOE = [["model=tiny_moe", "layout.ep=4", "layout.tp=2"], ["model=tiny_moe", "layout.ep=2", "layout.tp=2", "layout.pp=2"]]
 LAYOUTS = [["layout.tp=2", "layout.pp=2"], ["layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"],
            ["layout.tp=4", "layout.pp=2", "layout.order=tp-pp-dp"], ["layout.tp=2", "layout.cp=2", "layout.pp=2"],
            ["layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ["layout.tp=8"], ["layout.pp=4", "layout.tp=2"]]
-
-
-@pytest.mark.parametrize("extra", LAYOUTS + MOE, ids=lambda e: " ".join(e))
-def test_torchtitan_groups_from_rank_are_the_plans(extra):
-    """torchtitan (pd.py _build_mesh_without_ep) calls init_device_mesh over the dims pp,
-    dp_replicate, dp_shard, cp, tp; torch lays RANKs out as arange(world).view(dims)
-    (torch/distributed/device_mesh.py, init_device_mesh)."""
-    from orchestrator.frameworks.trainers import argv
-
-    p = plan_of(*SMALL, "trainer=torchtitan", *extra)
-    assert p.valid, p.errors
-    pj = p.to_json()
-    f = flags(argv(pj, Path("/RUN")))
-    dims = [int(f[f"--parallelism.{k}"]) for k in ("pipeline_parallel_degree", "data_parallel_replicate_degree",
-                                                    "data_parallel_shard_degree", "context_parallel_degree",
-                                                    "tensor_parallel_degree")]
-    cube = np.arange(int(np.prod(dims))).reshape(dims)
-    _check(pj, {"pp": _groups_along(cube, (0,)), "dpr": _groups_along(cube, (1,)), "dps": _groups_along(cube, (2,)),
-                "dp": _groups_along(cube, (1, 2)), "cp": _groups_along(cube, (3,)), "tp": _groups_along(cube, (4,))},
-           p.spec.hardware.gpus_per_node)
-    ep = int(f["--parallelism.expert_parallel_degree"])
-    if ep > 1:  # pd.py _build_mesh_with_ep (etp=1): dp_shard = mod_ep x in_ep, ep = flatten(in_ep, cp, tp)
-        pp_, dpr, dps, cp, tp = dims
-        inner = ep // (cp * tp)
-        cube = np.arange(int(np.prod(dims))).reshape(pp_, dpr, dps // inner, inner, cp, tp)
-        from orchestrator.frameworks.trainers import rank_map
-
-        pos = {r: q for q, r in enumerate(rank_map(pj))}
-        mine = {frozenset(pos[r] for r in g) for g in _groups_along(cube, (3, 4, 5))}
-        assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
 
 
 @pytest.mark.parametrize("extra", LAYOUTS[:4] + [["model=tiny_moe", "layout.ep=4",
@@ -484,7 +462,8 @@ def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trai
     for extra in (["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
                   ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
                   ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]):
-        p = plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra)
+        p = plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra,
+                    *(["trainer.version=0.2"] if trainer == "torchtitan" else []))
         assert p.valid, p.errors
         same = _standin_expert_groups(p, trainer) == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
         assert bool(placement_problems(p)) == (not same), extra
