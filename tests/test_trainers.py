@@ -155,7 +155,6 @@ TT_CASES = [
     ("moe_ep4tp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2"], ("0.2", "0.3")),
     ("moe_ep2tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
 ]
-GROUP_RANKS_MAX = 64  # every rank of a world this small; two ranks of a recipe's
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +184,7 @@ def torchtitan_runs(tmp_path_factory):
                 (plan_dir / fname).write_text(text)
             words = argv(pj, plan_dir, line)
             assert words[:3] == ["python", "-m", "torchtitan.train"]
-            world = p.world_size
-            ranks = list(range(world)) if world <= GROUP_RANKS_MAX else [0, world - 1]
-            cases.append({"id": cid, "argv": words[3:], "world": world, "ranks": ranks})
+            cases.append({"id": cid, "argv": words[3:], "world": p.world_size})
             meta[cid] = (p, pj, words)
         r = frameworks.run(name, f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_ref.py')!r}, "
                                  f"run_name='__main__')", timeout=900, stdin=json.dumps({"cases": cases}))
@@ -237,45 +234,47 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
     assert splits >= 6
 
 
+def _plan_mesh_groups(p, pj: dict) -> dict[str, set]:
+    """The plan's groups of each torchtitan mesh dimension, as sets of the plan's GPU positions:
+    the GPUs that agree on every coordinate of the plan's rank grid outside the dimension."""
+    lay = pj["layout"]
+    shard = lay["dp_shard"] if lay["zero"] else 1
+    out = {dim: _plan_groups(pj, lambda c, dim=dim: {k: c[k] for k in c if k != dim})
+           for dim in ("tp", "cp", "pp", "dp")}
+    out["dp_shard"] = _plan_groups(pj, lambda c: {**{k: c[k] for k in c if k != "dp"}, "r": c["dp"] // shard})
+    out["dp_replicate"] = _plan_groups(pj, lambda c: {**{k: c[k] for k in c if k != "dp"}, "s": c["dp"] % shard})
+    if lay["ep"] > 1:
+        out["ep"] = {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+    return out
+
+
+def _torchtitan_groups(pj: dict, res: dict) -> dict[str, set]:
+    """torchtitan's groups of each dimension (RANKs), as sets of the plan's GPU positions (rank_map)."""
+    from orchestrator.frameworks.trainers import rank_map
+
+    pos = {r: q for q, r in enumerate(rank_map(pj))}
+    return {dim: {frozenset(pos[r] for r in g) for g in gs} for dim, gs in res["groups"].items()}
+
+
 @pytest.mark.parametrize("line", ["0.2", "0.3"])
 def test_torchtitans_own_groups_are_the_plans_for_every_rank(torchtitan_runs, line):
-    """ParallelDims(...).build_mesh() under torch's fake process group, run for each RANK: its
-    tp, cp, pp, dp_shard, dp_replicate, dp and ep groups, mapped to the plan's GPUs through
-    rank_map, are the plan's groups of that GPU."""
-    from orchestrator.frameworks.trainers import rank_map
-    from orchestrator.plan.topology import RankGrid
-
+    """ParallelDims(...).build_mesh() under torch's fake process group: every group of its tp, cp,
+    pp, dp_shard, dp_replicate, dp and ep dimensions (all ranks of the world), mapped to the plan's
+    GPUs through rank_map, is the plan's group of those GPUs; each tp group within a node."""
     if line not in torchtitan_runs:
         pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
     compared = 0
     for cid, p, pj, words, res in torchtitan_runs[line]:
         assert res["ok"], (cid, res.get("error"))
-        ranks = rank_map(pj)
-        pos = {r: q for q, r in enumerate(ranks)}
-        grid = RankGrid(pj["ranks"]["sizes"], pj["ranks"]["order"])
-        lay = pj["layout"]
-        shard = lay["dp_shard"] if lay["zero"] else 1
-        same = {"tp": lambda c: {k: c[k] for k in c if k != "tp"}, "cp": lambda c: {k: c[k] for k in c if k != "cp"},
-                "pp": lambda c: {k: c[k] for k in c if k != "pp"}, "dp": lambda c: {k: c[k] for k in c if k != "dp"},
-                "dp_shard": lambda c: {**{k: c[k] for k in c if k != "dp"}, "r": c["dp"] // shard},
-                "dp_replicate": lambda c: {**{k: c[k] for k in c if k != "dp"}, "s": c["dp"] % shard}}
-        ep_of = {}
-        if lay["ep"] > 1:
-            for g in p.expert_grid().groups("ep").tolist():
-                ep_of.update({q: frozenset(g) for q in g})
-        for rank, mine in res["groups"].items():
-            q = pos[int(rank)]
-            for dim, group in mine.items():
-                theirs = frozenset(pos[r] for r in group)
-                if dim == "ep":
-                    assert theirs == ep_of[q], (cid, rank, dim)
-                    continue
-                key = same[dim](grid.coords(q))
-                plan = frozenset(x for x in range(grid.world) if same[dim](grid.coords(x)) == key)
-                assert theirs == plan, (cid, rank, dim, sorted(theirs), sorted(plan))
-            assert "tp" not in mine or len({pos[r] // p.spec.hardware.gpus_per_node for r in mine["tp"]}) == 1
-            compared += 1
-    print(f"torchtitan {line}: groups of {compared} ranks compared")
+        theirs, plan = _torchtitan_groups(pj, res), _plan_mesh_groups(p, pj)
+        assert {"tp", "dp"} <= set(theirs) and ("ep" in theirs) == (pj["layout"]["ep"] > 1), (cid, set(theirs))
+        for dim, groups in theirs.items():
+            assert set().union(*groups) == set(range(p.world_size)), (cid, dim)  # every rank
+            assert groups == plan[dim], (cid, dim, sorted(map(sorted, groups))[:4], sorted(map(sorted, plan[dim]))[:4])
+        gpn = p.spec.hardware.gpus_per_node
+        assert all(len({q // gpn for q in g}) == 1 for g in theirs["tp"]), cid
+        compared += p.world_size
+    print(f"torchtitan {line}: groups of {compared} ranks compared ({len(torchtitan_runs[line])} layouts)")
     assert compared >= 32
 
 
