@@ -3,7 +3,6 @@ command lines, the framework's own rank groups against the plan's, and the examp
 trained under trainer=command through a node loss."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
@@ -153,7 +152,17 @@ TT_CASES = [
     ("pp4tp2", [*SMALL, "layout.pp=4", "layout.tp=2", "training.recompute=none"], ("0.2", "0.3")),
     ("fsdp_tp8", [*SMALL, "layout.tp=8"], ("0.2", "0.3")),
     ("moe_ep4tp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2"], ("0.2", "0.3")),
-    ("moe_ep2tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
+    ("moe_ep8tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
+    # expert groups under the plan's orders: the last one torchtitan cannot build (refused at launch)
+    ("moe_ep2tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=2", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
+    ("moe_order_ep_tp", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
+     ("0.2", "0.3")),
+    ("moe_order_tp_dp_ep", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"],
+     ("0.2", "0.3")),
+    # where the lines differ: 0.2 also runs experts with etp=tp (EP then leaves tp out); 0.3 refuses etp > 1
+    ("moe_ep4etp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.etp=2"], ("0.2",)),
+    ("moe_ep4etp2_order_ep_tp", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.etp=2",
+                                 "layout.order=[ep,tp,cp,dp,pp]"], ("0.2",)),
 ]
 
 
@@ -261,6 +270,8 @@ def test_torchtitans_own_groups_are_the_plans_for_every_rank(torchtitan_runs, li
     """ParallelDims(...).build_mesh() under torch's fake process group: every group of its tp, cp,
     pp, dp_shard, dp_replicate, dp and ep dimensions (all ranks of the world), mapped to the plan's
     GPUs through rank_map, is the plan's group of those GPUs; each tp group within a node."""
+    from orchestrator.frameworks.trainers import placement_problems
+
     if line not in torchtitan_runs:
         pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
     compared = 0
@@ -270,6 +281,8 @@ def test_torchtitans_own_groups_are_the_plans_for_every_rank(torchtitan_runs, li
         assert {"tp", "dp"} <= set(theirs) and ("ep" in theirs) == (pj["layout"]["ep"] > 1), (cid, set(theirs))
         for dim, groups in theirs.items():
             assert set().union(*groups) == set(range(p.world_size)), (cid, dim)  # every rank
+            if dim == "ep" and placement_problems(p):
+                continue  # an order torchtitan cannot build: refused at launch (the test below)
             assert groups == plan[dim], (cid, dim, sorted(map(sorted, groups))[:4], sorted(map(sorted, plan[dim]))[:4])
         gpn = p.spec.hardware.gpus_per_node
         assert all(len({q // gpn for q in g}) == 1 for g in theirs["tp"]), cid
@@ -288,11 +301,6 @@ def _plan_groups(pj: dict, members) -> set:
     for p in range(g.world):
         out.setdefault(key(p), set()).add(p)
     return {frozenset(v) for v in out.values()}
-
-
-def _groups_along(cube: np.ndarray, axes: tuple[int, ...]) -> list[list[int]]:
-    rest = [i for i in range(cube.ndim) if i not in axes]
-    return np.transpose(cube, rest + list(axes)).reshape(-1, int(np.prod([cube.shape[a] for a in axes]))).tolist()
 
 
 def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
@@ -433,41 +441,62 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
                        "ORCH_RUN_DIR": str(tmp_path)}
 
 
-def _standin_expert_groups(p, trainer: str) -> set:
-    """The framework's EP groups from RANK (torchtitan: pd.py _build_mesh_with_ep with etp=1;
-    Megatron: its expert RankGenerator, megatron_ref.grids), as positions on the plan's GPUs."""
+@pytest.mark.parametrize("line", ["0.2", "0.3"])
+def test_an_order_whose_expert_groups_torchtitan_cannot_build_is_refused(torchtitan_runs, line):
+    """torchtitan's own expert groups (build_mesh's ep dimension, every rank) against the plan's:
+    the launcher refuses exactly the orders under which they differ, per release line."""
+    from orchestrator.frameworks.trainers import placement_problems
+
+    if line not in torchtitan_runs:
+        pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
+    seen = {}
+    for cid, p, pj, words, res in torchtitan_runs[line]:
+        if pj["layout"]["ep"] == 1:
+            continue
+        assert res["ok"], (cid, res.get("error"))
+        same = _torchtitan_groups(pj, res)["ep"] == _plan_mesh_groups(p, pj)["ep"]
+        problems = placement_problems(p)
+        assert bool(problems) == (not same), (cid, problems)
+        assert not problems or problems[0].key == "layout.order, layout.ep", problems
+        seen[cid] = same
+    assert set(seen.values()) == {True, False}, seen
+    if line == "0.3":  # the 0.2 layouts with etp=tp (moe_ep4etp2*): 0.3 has no expert_tensor_parallel_degree
+        p = plan_of(*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.etp=2", "trainer=torchtitan",
+                    "trainer.version=0.3", *TT_MOE["0.3"])
+        assert [e.key for e in p.errors] == ["layout.etp"], p.errors
+    print(f"torchtitan {line}: expert groups as planned: {seen}")
+
+
+def _megatron_expert_groups(p) -> set:
+    """Megatron's EP groups from RANK (its expert RankGenerator, megatron_ref.grids), as
+    positions on the plan's GPUs."""
     from orchestrator.frameworks.trainers import argv, rank_map
 
     pj = p.to_json()
     f, lay = flags(argv(pj, Path("/RUN"))), pj["layout"]
     pos = {r: q for q, r in enumerate(rank_map(pj))}
-    if trainer == "megatron":
-        order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
-        _, expert = grids(p.world_size, lay["tp"], lay["cp"], lay["pp"], lay["ep"], lay["etp"])
-        groups = rank_groups(order, expert, "ep")
-    else:
-        tp, cp, ep, shard = lay["tp"], lay["cp"], lay["ep"], lay["dp_shard"]
-        inner = ep // (cp * tp)
-        cube = np.arange(p.world_size).reshape(lay["pp"], lay["dp_replicate"], shard // inner, inner, cp, tp)
-        groups = _groups_along(cube, (3, 4, 5))
-    return {frozenset(pos[r] for r in g) for g in groups}
+    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
+    _, expert = grids(p.world_size, lay["tp"], lay["cp"], lay["pp"], lay["ep"], lay["etp"])
+    return {frozenset(pos[r] for r in g) for g in rank_groups(order, expert, "ep")}
 
 
-@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
-def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli):
+def test_an_order_whose_expert_groups_megatron_cannot_build_is_refused():
     from orchestrator.frameworks.trainers import placement_problems
 
     seen = set()
     for extra in (["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
                   ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
                   ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]):
-        p = plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra,
-                    *(["trainer.version=0.2"] if trainer == "torchtitan" else []))
+        p = plan_of(*SMALL, "model=tiny_moe", "trainer=megatron", *extra)
         assert p.valid, p.errors
-        same = _standin_expert_groups(p, trainer) == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+        same = _megatron_expert_groups(p) == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
         assert bool(placement_problems(p)) == (not same), extra
         seen.add(same)
     assert seen == {True, False}
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+def test_such_an_order_is_refused_before_launch_with_the_key(trainer, cli):
     r = cli(*SMALL, "model=tiny_moe", f"trainer={trainer}", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]",
             "launcher.submit=false", "figures=false")
     assert r.returncode == 2 and "[layout.order, layout.ep]" in r.stderr and "Traceback" not in r.stderr, r.stderr
