@@ -66,6 +66,15 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     p = plan_of(*SMALL, "trainer=torchtitan", "layout.zero=1", "layout.tp=2")
     assert [e.key for e in p.errors] == ["layout.zero"]
     assert plan_of(*SMALL, "trainer=torchtitan", "layout.pp=2", "schedule=dualpipev", "layout.tp=2").valid
+    for line in ("0.2", "0.3"):  # DeepSeek-V3 as published: DualPipe, ZeRO-1 and an MTP module torchtitan has not
+        p = plan_of("recipe=deepseek_v3", "trainer=torchtitan", f"trainer.version={line}", "launcher=slurm")
+        assert sorted(e.key for e in p.errors) == ["layout.zero", "schedule.name", "training.mtp_depth"], p.errors
+        assert all(e.fix for e in p.errors) and "training.mtp_depth=0" in p.errors[1].fix + p.errors[2].fix
+    p = plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.3", "layout.tp=2", "training.precision=fp8")
+    assert [e.key for e in p.errors] == ["training.precision"], p.errors  # 0.3: float8 is a registry entry
+    p = plan_of("recipe=llama3_405b", "trainer=torchtitan", "trainer.version=0.3", "launcher=slurm")
+    assert [e.key for e in p.errors] == ["training.precision"] and "precision=fp8" in p.errors[0].fix, p.errors
+    assert plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.2", "layout.tp=2", "training.precision=fp8").valid
     for trainer in ("torchtitan", "megatron"):  # both save to a file system path, not an object store
         p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=2", "training.checkpoint.dir=s3://bucket/run")
         assert [e.key for e in p.errors] == ["training.checkpoint.dir"] and "s3://bucket/run" in p.errors[0].message
@@ -86,7 +95,9 @@ def _preview(cli, trainer: str, *extra) -> str:
 @pytest.mark.parametrize("trainer", ["torchtitan-0.2", "torchtitan-0.3", "megatron"])
 def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(cli, trainer):
     trainer, _, version = trainer.partition("-")
-    line = _preview(cli, trainer, *([f"trainer.version={version}"] if version else []))
+    # 0.3's llama3_405b registry entry trains float8 linears: the recipe in fp8 (TT_CASES llama3_405b_fp8)
+    extra = {"": [], "0.2": ["trainer.version=0.2"], "0.3": ["trainer.version=0.3", "training.precision=fp8"]}
+    line = _preview(cli, trainer, *extra[version])
     assert line == golden(f"trainer_{trainer}{'_' + version if version else ''}.txt", line)
     f = flags(line.split())
     if trainer == "torchtitan" and version == "0.3":  # the split as module names on the command line
@@ -95,6 +106,7 @@ def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(c
         assert parts[0] == "tok_embeddings,layers.0" and parts[-1].endswith("norm,lm_head")
         assert sum(p.count("layers.") for p in parts) == 126 and words[-1] == "activation-checkpoint:none"
         assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--module"] == "" and "llama3" in words
+        assert words[words.index("--config") + 1] == "llama3_405b"
     elif trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
         assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "16"
         assert f["--parallelism.data_parallel_shard_degree"] == "64"
@@ -138,9 +150,15 @@ TT_MOE = {"0.2": ["trainer.args=['--model.name=deepseek_v3','--model.flavor=debu
           "0.3": ["trainer.args=[--module, deepseek_v3, --config, deepseek_v3_debugmodel]"]}
 # (id, overrides, lines it is for): recipes and hand layouts with PP, interleaving, CP, FSDP, HSDP, EP
 TT_CASES = [
-    ("llama3_405b", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500"], ("0.2", "0.3")),
-    ("llama3_405b_16k", ["recipe=llama3_405b_16k", "launcher=slurm"], ("0.2", "0.3")),
-    ("megatron_1t", ["recipe=megatron_1t", "launcher=slurm", "layout.zero=3"], ("0.2",)),  # gpt_1t: no 0.3 registry entry
+    ("llama3_405b", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500"], ("0.2",)),
+    # 0.3's llama3_405b registry entry trains float8 linears (0.3 refuses the recipe's bf16)
+    ("llama3_405b_fp8", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500",
+                         "training.precision=fp8"], ("0.2", "0.3")),
+    ("llama3_405b_16k_fp8", ["recipe=llama3_405b_16k", "launcher=slurm", "training.precision=fp8"], ("0.2", "0.3")),
+    ("megatron_1t", ["recipe=megatron_1t", "launcher=slurm", "layout.zero=3"], ("0.2",)),  # no gpt_1t entry in 0.3
+    # the recipe with what torchtitan runs instead of what it cannot (DualPipe, ZeRO-1, MTP): float8, EP64, PP16
+    ("deepseek_v3", ["recipe=deepseek_v3", "launcher=slurm", "schedule=dualpipev", "layout.zero=2",
+                     "training.mtp_depth=0"], ("0.2", "0.3")),
     ("tp2", [*SMALL, "layout.tp=2", "training.checkpoint.every=10"], ("0.2", "0.3")),
     ("tp2pp2_dualpipev", [*SMALL, "layout.tp=2", "layout.pp=2", "schedule=dualpipev",
                           "training.recompute=selective"], ("0.2", "0.3")),
@@ -228,6 +246,7 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
             (lay["tp"], lay["cp"], lay["pp"], lay["ep"], shard, repl), cid
         assert got["global_batch"] == tr["global_batch"] and got["seq_len"] == tr["seq_len"], cid
         assert got["steps"] == tr["steps"] and got["seed"] == tr["seed"], cid
+        assert got["fp8"] == (tr["precision"] == "fp8"), cid
         assert got["local_batch"] * lay["dp"] == tr["global_batch"] or lay["pp"] == 1, cid
         if lay["pp"] > 1:
             assert got["micro_batch"] == lay["micro_batch"], cid
@@ -278,14 +297,15 @@ def test_torchtitans_own_groups_are_the_plans_for_every_rank(torchtitan_runs, li
     for cid, p, pj, words, res in torchtitan_runs[line]:
         assert res["ok"], (cid, res.get("error"))
         theirs, plan = _torchtitan_groups(pj, res), _plan_mesh_groups(p, pj)
-        assert {"tp", "dp"} <= set(theirs) and ("ep" in theirs) == (pj["layout"]["ep"] > 1), (cid, set(theirs))
+        assert "dp" in theirs and all((d in theirs) == (pj["layout"][d] > 1) for d in ("tp", "cp", "pp", "ep")), \
+            (cid, set(theirs))  # a dimension of degree 1 is not built
         for dim, groups in theirs.items():
             assert set().union(*groups) == set(range(p.world_size)), (cid, dim)  # every rank
             if dim == "ep" and placement_problems(p):
                 continue  # an order torchtitan cannot build: refused at launch (the test below)
             assert groups == plan[dim], (cid, dim, sorted(map(sorted, groups))[:4], sorted(map(sorted, plan[dim]))[:4])
         gpn = p.spec.hardware.gpus_per_node
-        assert all(len({q // gpn for q in g}) == 1 for g in theirs["tp"]), cid
+        assert all(len({q // gpn for q in g}) == 1 for g in theirs.get("tp", ())), cid
         compared += p.world_size
     print(f"torchtitan {line}: groups of {compared} ranks compared ({len(torchtitan_runs[line])} layouts)")
     assert compared >= 32

@@ -3,8 +3,9 @@ rendered command lines. Reads {"cases": [{"id", "argv", "world"}]} as JSON on st
 one JSON object per case: what its ConfigManager().parse_args read back, the layers of each
 pipeline stage from its split functions and the pp rank holding each stage, and every group of
 each dimension of the mesh ParallelDims(...).build_mesh() makes under torch's fake process
-group (a CPU, no GPU), for all ranks of the world; one mesh per distinct layout. The rank's GPU is an H100 for the checks torchtitan makes of it when it
-builds a registry config (float8 needs SM89)."""
+group (a CPU, no GPU), for all ranks of the world; one mesh per distinct layout. The rank's
+GPU is an H100 for the checks torchtitan makes of it when it builds a registry config (float8
+needs SM89)."""
 import contextlib
 import io
 import json
@@ -42,6 +43,15 @@ DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "ep")
 
 def layers_of(part):
     return [int(m.split(".")[1]) for m in part if re.fullmatch(r"layers\.\d+", m)]
+
+
+def float8(cfg):
+    """Whether the model trains in float8: 0.2 names the converter; 0.3's registry entry swaps the
+    model config's linears for Float8Linear (components/quantization/float8.py)."""
+    if LINE == "0.2":
+        return "float8" in cfg.model.converters
+    from torchtitan.components.quantization.float8 import Float8Linear
+    return Float8Linear is not None and any(True for _ in cfg.model_spec.model.traverse(Float8Linear.Config))
 
 
 def parallel_dims(par):
@@ -171,7 +181,8 @@ for case in cases:
                        "seed": tr.seed if LINE == "0.2" else cfg.debug.seed,
                        "checkpoint": [cfg.checkpoint.enable, cfg.checkpoint.folder, cfg.checkpoint.interval],
                        "recompute": cfg.activation_checkpoint.mode if LINE == "0.2"
-                       else type(cfg.activation_checkpoint).__qualname__}
+                       else type(cfg.activation_checkpoint).__qualname__,
+                       "fp8": float8(cfg)}
         try:  # torchtitan splits its own model: where trainer.args name another (a debug model), it may refuse
             res["split"], res["stage_rank"] = split(cfg)
         except ValueError as e:

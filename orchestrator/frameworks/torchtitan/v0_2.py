@@ -19,13 +19,20 @@ MODELS = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama
 
 
 def problems(spec: Config, layout, module_names_needed: bool) -> list[Problem]:
+    out = []
+    if spec.training.mtp_depth > 0:
+        out.append(Problem("training.mtp_depth", f"torchtitan 0.2 has no multi-token prediction module (its "
+                           f"deepseek_v3 trains the main model only): the job would train none of the "
+                           f"{spec.training.mtp_depth} MTP module(s) the plan prices.",
+                           "set training.mtp_depth=0, or use torchtitan 0.3 (trainer.version=0.3) with a registry "
+                           "entry that has MTP layers."))
     if module_names_needed and spec.trainer.config_file:
-        return [Problem("trainer.config_file, layout.stage_layers", "torchtitan 0.2's own split settings cannot "
+        out.append(Problem("trainer.config_file, layout.stage_layers", "torchtitan 0.2's own split settings cannot "
                         "give the plan's virtual stages, so the launcher writes them as module_fqns_per_model_part "
                         "in a config file of its own, and torchtitan reads one config file.",
                         "put the model and data settings in trainer.args (--model.flavor=..., "
-                        "--training.dataset=...) instead of trainer.config_file.")]
-    return []
+                        "--training.dataset=...) instead of trainer.config_file."))
+    return out
 
 
 def config_toml(parts: list[list[str]]) -> str:
