@@ -188,17 +188,21 @@ TT_CASES = [
 def torchtitan_runs(tmp_path_factory):
     """Each release's own code on every line rendered for it: {line: [(case id, plan json, argv, result)]}."""
     import json
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
     import frameworks
     from orchestrator.frameworks import torchtitan
     from orchestrator.frameworks.trainers import argv, files
 
-    out = {}
-    for line, m in torchtitan.LINES.items():
-        name = f"torchtitan-{m.RELEASE}"
-        if not frameworks.installed(name):
-            continue
-        cases, meta = [], {}
+    # each release's subprocess starts first: it imports torch and torchtitan while this one plans
+    code = f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_ref.py')!r}, run_name='__main__')"
+    procs = {line: subprocess.Popen([sys.executable, "-c", code], env=frameworks.env(f"torchtitan-{m.RELEASE}"),
+                                    cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+             for line, m in torchtitan.LINES.items() if frameworks.installed(f"torchtitan-{m.RELEASE}")}
+    cases, meta = {line: [] for line in procs}, {}
+    for line in procs:
         for cid, over, lines in TT_CASES:
             if line not in lines:
                 continue
@@ -211,13 +215,23 @@ def torchtitan_runs(tmp_path_factory):
                 (plan_dir / fname).write_text(text)
             words = argv(pj, plan_dir, line)
             assert words[:3] == ["python", "-m", "torchtitan.train"]
-            cases.append({"id": cid, "argv": words[3:], "world": p.world_size})
-            meta[cid] = (p, pj, words)
-        r = frameworks.run(name, f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_ref.py')!r}, "
-                                 f"run_name='__main__')", timeout=900, stdin=json.dumps({"cases": cases}))
-        results = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-        assert len(results) == len(cases), r.stderr[-5000:]
-        out[line] = [(res["id"], *meta[res["id"]], res) for res in results]
+            cases[line].append({"id": cid, "argv": words[3:], "world": p.world_size})
+            meta[line, cid] = (p, pj, words)
+
+    def finish(line):
+        try:
+            return procs[line].communicate(json.dumps({"cases": cases[line]}), timeout=900)
+        except subprocess.TimeoutExpired:
+            procs[line].kill()
+            return procs[line].communicate()
+
+    with ThreadPoolExecutor(max(len(procs), 1)) as pool:  # the releases side by side
+        done = dict(zip(procs, pool.map(finish, procs)))
+    out = {}
+    for line, (stdout, stderr) in done.items():
+        results = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
+        assert len(results) == len(cases[line]), stderr[-5000:]
+        out[line] = [(res["id"], *meta[line, res["id"]], res) for res in results]
     if not out:
         pytest.skip("no torchtitan release installed: python tests/frameworks.py (make test does)")
     return out

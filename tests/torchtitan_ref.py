@@ -142,7 +142,8 @@ def groups(par):
     its groups; torch lays them out (remap_to_tensor, as its `mesh` property and its process group
     creation do) and keeps the row of the calling rank. That row is checked against `mesh`."""
     pd = parallel_dims(par)
-    key = (WORLD, pd.pp, pd.dp_replicate, pd.dp_shard, pd.cp, pd.tp, pd.ep, getattr(pd, "etp", 1))
+    key = (WORLD, pd.pp, pd.dp_replicate, pd.dp_shard, pd.cp, pd.tp, pd.ep, getattr(pd, "etp", 1),
+           getattr(pd, "spmd_backend", None))
     if key in MESHES:
         return MESHES[key]
     out = {}
