@@ -80,6 +80,14 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
         assert [e.key for e in p.errors] == ["training.checkpoint.dir"] and "s3://bucket/run" in p.errors[0].message
 
 
+def test_what_the_installed_release_cannot_run_is_refused_before_launch(cli):
+    """trainer.version unset: the line is the release installed for the ranks' interpreter, asked
+    before launch (none here: 0.3, the newest), and what it refuses is a rejection, not a crash."""
+    r = cli("recipe=llama3_405b", "trainer=torchtitan", "launcher=slurm", "launcher.submit=false", "figures=false")
+    assert r.returncode == 2 and "[training.precision]" in r.stderr and "torchtitan 0.3" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "internal error" not in r.stdout + r.stderr
+
+
 # ---- rendered arguments ------------------------------------------------------------------
 def _preview(cli, trainer: str, *extra) -> str:
     r = cli("recipe=llama3_405b", f"trainer={trainer}", "launcher=slurm", "launcher.submit=false", "figures=false",

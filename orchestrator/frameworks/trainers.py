@@ -130,6 +130,17 @@ def release(plan_json: dict, python: str | None = None) -> tuple[str | None, str
     return torchtitan.DEFAULT, f"{why}; rendered for the newest line (set trainer.version to choose)"
 
 
+def release_problems(plan, python: str | None = None) -> list[Problem]:
+    """What the release line the job renders for refuses, found before launch: with trainer.version
+    unset the line is the one installed for `python` (the interpreter that starts the ranks),
+    asked now as the launch will ask it (validation checked a given trainer.version's line)."""
+    if trainer_name(plan) != TrainerName.torchtitan or plan.spec.trainer.version or not plan.valid:
+        return []
+    pj = plan.to_json()
+    line, _ = release(pj, python)
+    return torchtitan.LINES[line].problems(plan.spec, _layout(pj), _module_names(pj, plan.spec))
+
+
 def argv(plan_json: dict, plan_dir: Path, line: str | None = None) -> list[str]:
     """The command line every rank of this attempt runs (the same on every rank), for release
     `line` of the framework (torchtitan: its default line when None)."""
