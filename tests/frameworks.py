@@ -22,6 +22,12 @@ STUBS = Path(__file__).resolve().parent / "framework_stubs"  # stand-ins for mod
 RELEASES: dict[str, tuple[list[str], list[str]]] = {
     # Megatron-Core's parallel_state (initialize_model_parallel, RankGenerator): tests/megatron_core.py
     "megatron-core-0.16.1": (["megatron-core==0.16.1"], ["einops==0.8.1"]),
+    # torchtitan: its config parser (tyro), ParallelDims and pipeline split. 0.3 selects a model's
+    # config from a registry whose modules import its data loaders (datasets), checkpointing and
+    # float8 (torchao), so those come too; torchdata, spmd_types and torchao ask for torch: no deps.
+    "torchtitan-0.2.0": (["torchtitan==0.2.0", "torchdata==0.11.0"], ["tyro", "tokenizers", "datasets"]),
+    "torchtitan-0.3.0": (["torchtitan==0.3.0", "torchdata==0.11.0", "spmd_types==0.3.1", "torchao==0.18.0"],
+                         ["tyro", "tokenizers", "safetensors", "einops", "datasets"]),
 }
 
 
@@ -40,10 +46,10 @@ def env(name: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + ([old] if old else []))}
 
 
-def run(name: str, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -c code` with release `name` importable."""
+def run(name: str, code: str, timeout: float = 300, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -c code` with release `name` importable (`stdin`: its standard input)."""
     return subprocess.run([sys.executable, "-c", code], env=env(name), cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, input=stdin)
 
 
 def install(name: str) -> None:
@@ -54,7 +60,7 @@ def install(name: str) -> None:
     if light:
         # the light packages with their own dependencies, but never torch: it is the project's
         subprocess.run(pip + [*light], check=True)
-        for p in target.glob("torch*"):
+        for p in [*target.glob("torch"), *target.glob("torch-*.dist-info"), *target.glob("nvidia*")]:
             raise SystemExit(f"{name}: {p.name} was pulled into {target}; pin the package that asked for it")
     (target / ".installed").write_text(" ".join(release + light) + "\n")
 

@@ -3,7 +3,6 @@ command lines, the framework's own rank groups against the plan's, and the examp
 trained under trainer=command through a node loss."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
@@ -67,15 +66,32 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     p = plan_of(*SMALL, "trainer=torchtitan", "layout.zero=1", "layout.tp=2")
     assert [e.key for e in p.errors] == ["layout.zero"]
     assert plan_of(*SMALL, "trainer=torchtitan", "layout.pp=2", "schedule=dualpipev", "layout.tp=2").valid
+    for line in ("0.2", "0.3"):  # DeepSeek-V3 as published: DualPipe, ZeRO-1 and an MTP module torchtitan has not
+        p = plan_of("recipe=deepseek_v3", "trainer=torchtitan", f"trainer.version={line}", "launcher=slurm")
+        assert sorted(e.key for e in p.errors) == ["layout.zero", "schedule.name", "training.mtp_depth"], p.errors
+        assert all(e.fix for e in p.errors) and "training.mtp_depth=0" in p.errors[1].fix + p.errors[2].fix
+    p = plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.3", "layout.tp=2", "training.precision=fp8")
+    assert [e.key for e in p.errors] == ["training.precision"], p.errors  # 0.3: float8 is a registry entry
+    p = plan_of("recipe=llama3_405b", "trainer=torchtitan", "trainer.version=0.3", "launcher=slurm")
+    assert [e.key for e in p.errors] == ["training.precision"] and "precision=fp8" in p.errors[0].fix, p.errors
+    assert plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.2", "layout.tp=2", "training.precision=fp8").valid
     for trainer in ("torchtitan", "megatron"):  # both save to a file system path, not an object store
         p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=2", "training.checkpoint.dir=s3://bucket/run")
         assert [e.key for e in p.errors] == ["training.checkpoint.dir"] and "s3://bucket/run" in p.errors[0].message
 
 
+def test_what_the_installed_release_cannot_run_is_refused_before_launch(cli):
+    """trainer.version unset: the line is the release installed for the ranks' interpreter, asked
+    before launch (none here: 0.3, the newest), and what it refuses is a rejection, not a crash."""
+    r = cli("recipe=llama3_405b", "trainer=torchtitan", "launcher=slurm", "launcher.submit=false", "figures=false")
+    assert r.returncode == 2 and "[training.precision]" in r.stderr and "torchtitan 0.3" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "internal error" not in r.stdout + r.stderr
+
+
 # ---- rendered arguments ------------------------------------------------------------------
-def _preview(cli, trainer: str) -> str:
+def _preview(cli, trainer: str, *extra) -> str:
     r = cli("recipe=llama3_405b", f"trainer={trainer}", "launcher=slurm", "launcher.submit=false", "figures=false",
-            "training.checkpoint.every=500")
+            "training.checkpoint.every=500", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     srun = (cli.dir / "slurm" / "preview.srun").read_text()
     assert srun.strip() in r.stdout  # shown, not only written
@@ -88,15 +104,27 @@ def _preview(cli, trainer: str) -> str:
         assert "CUDA_DEVICE_MAX_CONNECTIONS removed (unset)" in env
     else:
         assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
+    if trainer == "torchtitan":  # the preview says which release it rendered for
+        assert f"rendered for torchtitan {extra[0].split('=')[1]} (trainer.version=" in r.stdout, r.stdout[-500:]
     return srun.split(" -- ", 1)[1].replace(str(cli.dir), "RUN")
 
 
-@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+@pytest.mark.parametrize("trainer", ["torchtitan-0.2", "torchtitan-0.3", "megatron"])
 def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(cli, trainer):
-    line = _preview(cli, trainer)
-    assert line == golden(f"trainer_{trainer}.txt", line)
+    trainer, _, version = trainer.partition("-")
+    # 0.3's llama3_405b registry entry trains float8 linears: the recipe in fp8 (TT_CASES llama3_405b_fp8)
+    extra = {"": [], "0.2": ["trainer.version=0.2"], "0.3": ["trainer.version=0.3", "training.precision=fp8"]}
+    line = _preview(cli, trainer, *extra[version])
+    assert line == golden(f"trainer_{trainer}{'_' + version if version else ''}.txt", line)
     f = flags(line.split())
-    if trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
+    if trainer == "torchtitan" and version == "0.3":  # the split as module names on the command line
+        words = line.split()
+        parts = words[words.index("--parallelism.module_fqns_per_model_part") + 1:][:16 * 7]
+        assert parts[0] == "tok_embeddings,layers.0" and parts[-1].endswith("norm,lm_head")
+        assert sum(p.count("layers.") for p in parts) == 126 and words[-1] == "activation-checkpoint:none"
+        assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--module"] == "" and "llama3" in words
+        assert words[words.index("--config") + 1] == "llama3_405b"
+    elif trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
         assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "16"
         assert f["--parallelism.data_parallel_shard_degree"] == "64"
         assert f["--training.local_batch_size"] == str(2048 // 64)
@@ -138,39 +166,184 @@ def test_megatron_names_are_cited_and_match_its_source():
     assert {k: found.get(k) for k in megatron.CITED} == megatron.CITED
 
 
-def test_torchtitan_names_match_its_config_classes():
-    from orchestrator.frameworks import torchtitan, trainers
+# ---- torchtitan's own code on the rendered lines: one subprocess per release ----------------
+TT_MOE = {"0.2": ["trainer.args=['--model.name=deepseek_v3','--model.flavor=debugmodel']"],
+          "0.3": ["trainer.args=[--module, deepseek_v3, --config, deepseek_v3_debugmodel]"]}
+# (id, overrides, lines it is for): recipes and hand layouts with PP, interleaving, CP, FSDP, HSDP, EP
+TT_CASES = [
+    ("llama3_405b", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500"], ("0.2",)),
+    # 0.3's llama3_405b registry entry trains float8 linears (0.3 refuses the recipe's bf16)
+    ("llama3_405b_fp8", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500",
+                         "training.precision=fp8"], ("0.2", "0.3")),
+    ("llama3_405b_16k_fp8", ["recipe=llama3_405b_16k", "launcher=slurm", "training.precision=fp8"], ("0.2", "0.3")),
+    ("megatron_1t", ["recipe=megatron_1t", "launcher=slurm", "layout.zero=3"], ("0.2",)),  # no gpt_1t entry in 0.3
+    # the recipe with what torchtitan runs instead of what it cannot (DualPipe, ZeRO-1, MTP): float8, EP64, PP16
+    ("deepseek_v3", ["recipe=deepseek_v3", "launcher=slurm", "schedule=dualpipev", "layout.zero=2",
+                     "training.mtp_depth=0"], ("0.2", "0.3")),
+    ("tp2", [*SMALL, "layout.tp=2", "training.checkpoint.every=10"], ("0.2", "0.3")),
+    ("tp2pp2_dualpipev", [*SMALL, "layout.tp=2", "layout.pp=2", "schedule=dualpipev",
+                          "training.recompute=selective"], ("0.2", "0.3")),
+    ("tp2pp2_1f1b_order", [*SMALL, "layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"], ("0.2", "0.3")),
+    ("tp4pp2_interleaved", [*SMALL, "layout.tp=4", "layout.pp=2", "schedule=interleaved_1f1b", "layout.vp=2"],
+     ("0.2", "0.3")),
+    ("tp2cp2pp2", [*SMALL, "layout.tp=2", "layout.cp=2", "layout.pp=2"], ("0.2", "0.3")),
+    ("hsdp_tp2pp2", [*SMALL, "layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ("0.2", "0.3")),
+    ("pp4tp2", [*SMALL, "layout.pp=4", "layout.tp=2", "training.recompute=none"], ("0.2", "0.3")),
+    ("fsdp_tp8", [*SMALL, "layout.tp=8"], ("0.2", "0.3")),
+    ("moe_ep4tp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2"], ("0.2", "0.3")),
+    ("moe_ep8tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
+    # expert groups under the plan's orders: the last one torchtitan cannot build (refused at launch)
+    ("moe_ep2tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=2", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
+    ("moe_order_ep_tp", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
+     ("0.2", "0.3")),
+    ("moe_order_tp_dp_ep", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"],
+     ("0.2", "0.3")),
+    # where the lines differ: 0.2 also runs experts with etp=tp (EP then leaves tp out); 0.3 refuses etp > 1
+    ("moe_ep4etp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.etp=2"], ("0.2",)),
+    ("moe_ep4etp2_order_ep_tp", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.etp=2",
+                                 "layout.order=[ep,tp,cp,dp,pp]"], ("0.2",)),
+]
 
-    spec = importlib.util.find_spec("torchtitan")
-    if spec is None:
-        pytest.skip(f"torchtitan is not installed (checked against torchtitan=={torchtitan.VERSION}: "
-                    f"pip install --no-deps torchtitan=={torchtitan.VERSION})")
-    path = Path(spec.submodule_search_locations[0]) / "config" / "job_config.py"
-    mod_spec = importlib.util.spec_from_file_location("tt_job_config", path)  # dataclasses only: no torch
-    jc = importlib.util.module_from_spec(mod_spec)
-    sys.modules["tt_job_config"] = jc
-    mod_spec.loader.exec_module(jc)
-    sections = {f.name: f.default_factory() for f in dataclasses.fields(jc.JobConfig)}
-    base = [*SMALL, "layout.tp=2"]
-    for case in (base, [*base, "layout.pp=2", "schedule=dualpipev", "training.recompute=selective"],
-                 ["recipe=llama3_405b", "launcher=slurm"], [*base, "model=tiny_moe", "layout.ep=4"]):
-        p = plan_of(*case, "trainer=torchtitan", "training.checkpoint.every=10")
-        assert p.valid, p.errors
-        for a in trainers.argv(p.to_json(), Path("/RUN")):
-            if not a.startswith("--"):
+
+@pytest.fixture(scope="module")
+def torchtitan_runs(tmp_path_factory):
+    """Each release's own code on every line rendered for it: {line: [(case id, plan json, argv, result)]}."""
+    import json
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    import frameworks
+    from orchestrator.frameworks import torchtitan
+    from orchestrator.frameworks.trainers import argv, files
+
+    # each release's subprocess starts first: it imports torch and torchtitan while this one plans
+    code = f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_ref.py')!r}, run_name='__main__')"
+    procs = {line: subprocess.Popen([sys.executable, "-c", code], env=frameworks.env(f"torchtitan-{m.RELEASE}"),
+                                    cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+             for line, m in torchtitan.LINES.items() if frameworks.installed(f"torchtitan-{m.RELEASE}")}
+    cases, meta = {line: [] for line in procs}, {}
+    for line in procs:
+        for cid, over, lines in TT_CASES:
+            if line not in lines:
                 continue
-            key, _, value = a[2:].partition("=")
-            section, field = key.split(".")
-            obj = sections[section]
-            assert hasattr(obj, field), a
-            default = getattr(obj, field)
-            if isinstance(default, bool):
-                assert value == "", a  # booleans are bare flags
-            elif isinstance(default, int):
-                int(value)
-            hint = {f.name: f.type for f in dataclasses.fields(obj)}[field]
-            if "Literal" in str(hint):
-                assert repr(value) in str(hint), (a, hint)
+            extra = TT_MOE[line] if "model=tiny_moe" in over else []
+            p = plan_of(*over, *extra, "trainer=torchtitan", f"trainer.version={line}")
+            assert p.valid, (cid, line, p.errors)
+            pj = p.to_json()
+            plan_dir = tmp_path_factory.mktemp(f"{line}-{cid}")
+            for fname, text in files(pj, line).items():
+                (plan_dir / fname).write_text(text)
+            words = argv(pj, plan_dir, line)
+            assert words[:3] == ["python", "-m", "torchtitan.train"]
+            cases[line].append({"id": cid, "argv": words[3:], "world": p.world_size})
+            meta[line, cid] = (p, pj, words)
+
+    def finish(line):
+        try:
+            return procs[line].communicate(json.dumps({"cases": cases[line]}), timeout=900)
+        except subprocess.TimeoutExpired:
+            procs[line].kill()
+            return procs[line].communicate()
+
+    with ThreadPoolExecutor(max(len(procs), 1)) as pool:  # the releases side by side
+        done = dict(zip(procs, pool.map(finish, procs)))
+    out = {}
+    for line, (stdout, stderr) in done.items():
+        results = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
+        assert len(results) == len(cases[line]), stderr[-5000:]
+        out[line] = [(res["id"], *meta[line, res["id"]], res) for res in results]
+    if not out:
+        pytest.skip("no torchtitan release installed: python tests/frameworks.py (make test does)")
+    return out
+
+
+def _plan_split(pj: dict) -> tuple[list[list[int]], list[int]]:
+    """The plan's virtual stages (layers of each, in pipeline order) and the pp rank of each."""
+    virtual = sorted(((v["stage"], v["layers"], st["pp_rank"]) for st in pj["layout"]["stages"]
+                      for v in st["virtual"]))
+    return [list(range(*lay)) for _, lay, _ in virtual], [r for *_, r in virtual]
+
+
+@pytest.mark.parametrize("line", ["0.2", "0.3"])
+def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtitan_runs, line):
+    """torchtitan's own ConfigManager().parse_args (and, for 0.3, its Trainer.Config validation)
+    on each rendered line, its split functions against the plan's stages."""
+    if line not in torchtitan_runs:
+        pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
+    splits = 0
+    for cid, p, pj, words, res in torchtitan_runs[line]:
+        assert res["ok"], (cid, " ".join(words)[:3000], res.get("error"))
+        lay, tr = pj["layout"], pj["config"]["training"]
+        got = res["read"]
+        shard, repl = (1, lay["dp"]) if lay["zero"] == 0 else (lay["dp_shard"], lay["dp_replicate"])
+        assert (got["tp"], got["cp"], got["pp"], got["ep"], got["dp_shard"], got["dp_replicate"]) == \
+            (lay["tp"], lay["cp"], lay["pp"], lay["ep"], shard, repl), cid
+        assert got["global_batch"] == tr["global_batch"] and got["seq_len"] == tr["seq_len"], cid
+        assert got["steps"] == tr["steps"] and got["seed"] == tr["seed"], cid
+        assert got["fp8"] == (tr["precision"] == "fp8"), cid
+        assert got["local_batch"] * lay["dp"] == tr["global_batch"] or lay["pp"] == 1, cid
+        if lay["pp"] > 1:
+            assert got["micro_batch"] == lay["micro_batch"], cid
+            if cid.startswith("moe") or cid == "megatron_1t":  # torchtitan's own debug model (trainer.args, or
+                continue  # its default flavor for gpt_1t), not ours: the split is of another model
+            assert (res["split"], res["stage_rank"]) == tuple(_plan_split(pj)), cid
+            splits += 1
+        ck = tr["checkpoint"]
+        assert got["checkpoint"][0] == (ck["every"] > 0), cid
+        if ck["every"] > 0:
+            assert got["checkpoint"][2] == ck["every"], cid
+    print(f"torchtitan {line}: {len(torchtitan_runs[line])} lines parsed and read back, {splits} stage splits")
+    assert splits >= 6
+
+
+def _plan_mesh_groups(p, pj: dict) -> dict[str, set]:
+    """The plan's groups of each torchtitan mesh dimension, as sets of the plan's GPU positions:
+    the GPUs that agree on every coordinate of the plan's rank grid outside the dimension."""
+    lay = pj["layout"]
+    shard = lay["dp_shard"] if lay["zero"] else 1
+    out = {dim: _plan_groups(pj, lambda c, dim=dim: {k: c[k] for k in c if k != dim})
+           for dim in ("tp", "cp", "pp", "dp")}
+    out["dp_shard"] = _plan_groups(pj, lambda c: {**{k: c[k] for k in c if k != "dp"}, "r": c["dp"] // shard})
+    out["dp_replicate"] = _plan_groups(pj, lambda c: {**{k: c[k] for k in c if k != "dp"}, "s": c["dp"] % shard})
+    if lay["ep"] > 1:
+        out["ep"] = {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+    return out
+
+
+def _torchtitan_groups(pj: dict, res: dict) -> dict[str, set]:
+    """torchtitan's groups of each dimension (RANKs), as sets of the plan's GPU positions (rank_map)."""
+    from orchestrator.frameworks.trainers import rank_map
+
+    pos = {r: q for q, r in enumerate(rank_map(pj))}
+    return {dim: {frozenset(pos[r] for r in g) for g in gs} for dim, gs in res["groups"].items()}
+
+
+@pytest.mark.parametrize("line", ["0.2", "0.3"])
+def test_torchtitans_own_groups_are_the_plans_for_every_rank(torchtitan_runs, line):
+    """ParallelDims(...).build_mesh() under torch's fake process group: every group of its tp, cp,
+    pp, dp_shard, dp_replicate, dp and ep dimensions (all ranks of the world), mapped to the plan's
+    GPUs through rank_map, is the plan's group of those GPUs; each tp group within a node."""
+    from orchestrator.frameworks.trainers import placement_problems
+
+    if line not in torchtitan_runs:
+        pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
+    compared = 0
+    for cid, p, pj, words, res in torchtitan_runs[line]:
+        assert res["ok"], (cid, res.get("error"))
+        theirs, plan = _torchtitan_groups(pj, res), _plan_mesh_groups(p, pj)
+        assert "dp" in theirs and all((d in theirs) == (pj["layout"][d] > 1) for d in ("tp", "cp", "pp", "ep")), \
+            (cid, set(theirs))  # a dimension of degree 1 is not built
+        for dim, groups in theirs.items():
+            assert set().union(*groups) == set(range(p.world_size)), (cid, dim)  # every rank
+            if dim == "ep" and placement_problems(p):
+                continue  # an order torchtitan cannot build: refused at launch (the test below)
+            assert groups == plan[dim], (cid, dim, sorted(map(sorted, groups))[:4], sorted(map(sorted, plan[dim]))[:4])
+        gpn = p.spec.hardware.gpus_per_node
+        assert all(len({q // gpn for q in g}) == 1 for g in theirs.get("tp", ())), cid
+        compared += p.world_size
+    print(f"torchtitan {line}: groups of {compared} ranks compared ({len(torchtitan_runs[line])} layouts)")
+    assert compared >= 32
 
 
 # ---- placement: the framework's own groups, built from RANK as the framework builds them ---
@@ -183,11 +356,6 @@ def _plan_groups(pj: dict, members) -> set:
     for p in range(g.world):
         out.setdefault(key(p), set()).add(p)
     return {frozenset(v) for v in out.values()}
-
-
-def _groups_along(cube: np.ndarray, axes: tuple[int, ...]) -> list[list[int]]:
-    rest = [i for i in range(cube.ndim) if i not in axes]
-    return np.transpose(cube, rest + list(axes)).reshape(-1, int(np.prod([cube.shape[a] for a in axes]))).tolist()
 
 
 def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
@@ -209,40 +377,9 @@ def _check(pj: dict, fw_groups: dict, gpn: int) -> None:
         assert len({pos[r] // gpn for r in g}) == 1, g
 
 
-MOE = [["model=tiny_moe", "layout.ep=4", "layout.tp=2"], ["model=tiny_moe", "layout.ep=2", "layout.tp=2", "layout.pp=2"]]
 LAYOUTS = [["layout.tp=2", "layout.pp=2"], ["layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"],
            ["layout.tp=4", "layout.pp=2", "layout.order=tp-pp-dp"], ["layout.tp=2", "layout.cp=2", "layout.pp=2"],
            ["layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ["layout.tp=8"], ["layout.pp=4", "layout.tp=2"]]
-
-
-@pytest.mark.parametrize("extra", LAYOUTS + MOE, ids=lambda e: " ".join(e))
-def test_torchtitan_groups_from_rank_are_the_plans(extra):
-    """torchtitan (pd.py _build_mesh_without_ep) calls init_device_mesh over the dims pp,
-    dp_replicate, dp_shard, cp, tp; torch lays RANKs out as arange(world).view(dims)
-    (torch/distributed/device_mesh.py, init_device_mesh)."""
-    from orchestrator.frameworks.trainers import argv
-
-    p = plan_of(*SMALL, "trainer=torchtitan", *extra)
-    assert p.valid, p.errors
-    pj = p.to_json()
-    f = flags(argv(pj, Path("/RUN")))
-    dims = [int(f[f"--parallelism.{k}"]) for k in ("pipeline_parallel_degree", "data_parallel_replicate_degree",
-                                                    "data_parallel_shard_degree", "context_parallel_degree",
-                                                    "tensor_parallel_degree")]
-    cube = np.arange(int(np.prod(dims))).reshape(dims)
-    _check(pj, {"pp": _groups_along(cube, (0,)), "dpr": _groups_along(cube, (1,)), "dps": _groups_along(cube, (2,)),
-                "dp": _groups_along(cube, (1, 2)), "cp": _groups_along(cube, (3,)), "tp": _groups_along(cube, (4,))},
-           p.spec.hardware.gpus_per_node)
-    ep = int(f["--parallelism.expert_parallel_degree"])
-    if ep > 1:  # pd.py _build_mesh_with_ep (etp=1): dp_shard = mod_ep x in_ep, ep = flatten(in_ep, cp, tp)
-        pp_, dpr, dps, cp, tp = dims
-        inner = ep // (cp * tp)
-        cube = np.arange(int(np.prod(dims))).reshape(pp_, dpr, dps // inner, inner, cp, tp)
-        from orchestrator.frameworks.trainers import rank_map
-
-        pos = {r: q for q, r in enumerate(rank_map(pj))}
-        mine = {frozenset(pos[r] for r in g) for g in _groups_along(cube, (3, 4, 5))}
-        assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
 
 
 MEGATRON = LAYOUTS[:4] + [["layout.tp=2", "layout.dp_shard=2", "layout.zero=1"],
@@ -382,39 +519,51 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
                        "ORCH_RUN_DIR": str(tmp_path)}
 
 
-def _framework_expert_groups(p, trainer: str, request) -> set:
-    """The framework's EP groups from RANK (torchtitan: pd.py _build_mesh_with_ep with etp=1;
-    Megatron: megatron-core's own initialize_model_parallel), as positions on the plan's GPUs."""
-    from orchestrator.frameworks.trainers import rank_map
-
-    pj = p.to_json()
-    lay = pj["layout"]
-    pos = {r: q for q, r in enumerate(rank_map(pj))}
-    if trainer == "megatron":
-        key = next(k for k, (q, _) in request.getfixturevalue("megatron_groups").items() if q is p)
-        groups = request.getfixturevalue("megatron_groups")[key][1][megatron_core.EXPERT["ep"]]
-    else:
-        tp, cp, ep, shard = lay["tp"], lay["cp"], lay["ep"], lay["dp_shard"]
-        inner = ep // (cp * tp)
-        cube = np.arange(p.world_size).reshape(lay["pp"], lay["dp_replicate"], shard // inner, inner, cp, tp)
-        groups = _groups_along(cube, (3, 4, 5))
-    return {frozenset(pos[r] for r in g) for g in groups}
-
-
-@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
-def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli, request):
+@pytest.mark.parametrize("line", ["0.2", "0.3"])
+def test_an_order_whose_expert_groups_torchtitan_cannot_build_is_refused(torchtitan_runs, line):
+    """torchtitan's own expert groups (build_mesh's ep dimension, every rank) against the plan's:
+    the launcher refuses exactly the orders under which they differ, per release line."""
     from orchestrator.frameworks.trainers import placement_problems
+
+    if line not in torchtitan_runs:
+        pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
+    seen = {}
+    for cid, p, pj, words, res in torchtitan_runs[line]:
+        if pj["layout"]["ep"] == 1:
+            continue
+        assert res["ok"], (cid, res.get("error"))
+        same = _torchtitan_groups(pj, res)["ep"] == _plan_mesh_groups(p, pj)["ep"]
+        problems = placement_problems(p)
+        assert bool(problems) == (not same), (cid, problems)
+        assert not problems or problems[0].key == "layout.order, layout.ep", problems
+        seen[cid] = same
+    assert set(seen.values()) == {True, False}, seen
+    if line == "0.3":  # the 0.2 layouts with etp=tp (moe_ep4etp2*): 0.3 has no expert_tensor_parallel_degree
+        p = plan_of(*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.etp=2", "trainer=torchtitan",
+                    "trainer.version=0.3", *TT_MOE["0.3"])
+        assert [e.key for e in p.errors] == ["layout.etp"], p.errors
+    print(f"torchtitan {line}: expert groups as planned: {seen}")
+
+
+def test_an_order_whose_expert_groups_megatron_cannot_build_is_refused(megatron_groups):
+    """Megatron-Core's own expert groups (initialize_model_parallel from the placed RANKs) against
+    the plan's: the launcher refuses exactly the orders under which they differ."""
+    from orchestrator.frameworks.trainers import placement_problems, rank_map
 
     seen = set()
     for extra in EXPERT_ORDERS:
-        p = (request.getfixturevalue("megatron_groups")[("model=tiny_moe", *extra)][0] if trainer == "megatron"
-             else plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra))
+        p, g = megatron_groups[("model=tiny_moe", *extra)]
         assert p.valid, p.errors
-        same = _framework_expert_groups(p, trainer, request) == {frozenset(g) for g in
-                                                                 p.expert_grid().groups("ep").tolist()}
+        pos = {r: q for q, r in enumerate(rank_map(p.to_json()))}
+        theirs = {frozenset(pos[r] for r in grp) for grp in g[megatron_core.EXPERT["ep"]]}
+        same = theirs == {frozenset(grp) for grp in p.expert_grid().groups("ep").tolist()}
         assert bool(placement_problems(p)) == (not same), extra
         seen.add(same)
     assert seen == {True, False}
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+def test_such_an_order_is_refused_before_launch_with_the_key(trainer, cli):
     r = cli(*SMALL, "model=tiny_moe", f"trainer={trainer}", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]",
             "launcher.submit=false", "figures=false")
     assert r.returncode == 2 and "[layout.order, layout.ep]" in r.stderr and "Traceback" not in r.stderr, r.stderr

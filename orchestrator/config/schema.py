@@ -522,7 +522,8 @@ class TrainerConfig:
     command: Optional[str] = None  # shell words, split with shlex and run without a shell
     args: List[str] = field(default_factory=list)  # appended after the rendered arguments
     stack: Optional[str] = None  # the stack it plans on unless stack= is given (torchtitan, megatron_core)
-    config_file: Optional[str] = None  # torchtitan: --job.config_file (the model and data it trains)
+    config_file: Optional[str] = None  # torchtitan 0.2: --job.config_file (the model and data it trains)
+    version: Optional[str] = None  # torchtitan: the release line to render for (0.2, 0.3); unset: the installed one
 
 
 def preset(group: str) -> Any:

@@ -95,21 +95,68 @@ def trainer_problems(spec: Config, layout: Layout) -> list[Problem]:
         if "://" in url and not url.startswith("file://"):  # both frameworks save to a file system path
             problems.append(Problem("training.checkpoint.dir", f"trainer={name.value} saves its checkpoints to a "
                                     f"path, not {url!r}.", "use a path on a shared file system."))
+    if name == TrainerName.torchtitan:
+        problems += torchtitan.version_problems(spec.trainer.version)
+    elif spec.trainer.version is not None:
+        problems.append(Problem("trainer.version", f"only trainer=torchtitan renders for a release line; "
+                                f"trainer={name.value} has one way.", "unset trainer.version."))
     if spec.trainer.config_file is not None and name != TrainerName.torchtitan:
         problems.append(Problem("trainer.config_file", "is torchtitan's --job.config_file.",
                                 "unset it, or put the file in trainer.args."))
     return problems
 
 
-def argv(plan_json: dict, plan_dir: Path) -> list[str]:
-    """The command line every rank of this attempt runs (the same on every rank)."""
+def release(plan_json: dict, python: str | None = None) -> tuple[str | None, str]:
+    """The release line to render for, and how it was chosen: trainer.version if given, else the
+    torchtitan installed for `python` (the interpreter that starts the ranks), asked with it;
+    the newest line when it cannot tell. (None, '') for trainers without release lines."""
+    import subprocess
+    import sys
+
+    if trainer_name(plan_json) != TrainerName.torchtitan:
+        return None, ""
+    given = plan_json["config"].get("trainer", {}).get("version")
+    if given:
+        return torchtitan.line_of(given), f"trainer.version={given}"
+    python = python or sys.executable
+    try:
+        r = subprocess.run([python, "-c", torchtitan.VERSION_QUERY], capture_output=True, text=True, timeout=120)
+        found = r.stdout.strip() if r.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        found = ""
+    if torchtitan.line_of(found) in torchtitan.LINES:
+        return torchtitan.line_of(found), f"torchtitan {found} installed for {python}"
+    why = f"torchtitan {found} is installed for {python}" if found else f"{python} has no torchtitan here"
+    return torchtitan.DEFAULT, f"{why}; rendered for the newest line (set trainer.version to choose)"
+
+
+def release_problems(plan, python: str | None = None) -> list[Problem]:
+    """What the release line the job renders for refuses, found before launch: with trainer.version
+    unset the line is the one installed for `python` (the interpreter that starts the ranks),
+    asked now as the launch will ask it (validation checked a given trainer.version's line)."""
+    if trainer_name(plan) != TrainerName.torchtitan or plan.spec.trainer.version or not plan.valid:
+        return []
+    pj = plan.to_json()
+    line, _ = release(pj, python)
+    return torchtitan.LINES[line].problems(plan.spec, _layout(pj), _module_names(pj, plan.spec))
+
+
+def argv(plan_json: dict, plan_dir: Path, line: str | None = None) -> list[str]:
+    """The command line every rank of this attempt runs (the same on every rank), for release
+    `line` of the framework (torchtitan: its default line when None)."""
     from orchestrator.config.compose import typed
 
     spec = typed(plan_json["config"])
     head, tail, problems = command_words(spec)
+    fw = FRAMEWORKS.get(spec.trainer.name)
+    if fw is torchtitan:
+        line = line or torchtitan.line_of(spec.trainer.version) or torchtitan.DEFAULT
+        problems += torchtitan.LINES[line].problems(spec, _layout(plan_json), _module_names(plan_json, spec))
     if problems:
         raise ValueError("; ".join(str(p) for p in problems))
-    fw = FRAMEWORKS.get(spec.trainer.name)
+    if fw is torchtitan:
+        before, after = torchtitan.render(plan_json, run_dir_of(plan_dir), Path(plan_dir), line)
+        return head + before + tail + after
     rendered = fw.render(plan_json, run_dir_of(plan_dir), Path(plan_dir)) if fw is not None else []
     return head + rendered + tail
 
@@ -120,9 +167,23 @@ def env(plan_json: dict) -> dict[str, str | None]:
     return fw.env(plan_json) if fw is not None else {}
 
 
-def files(plan_json: dict) -> dict[str, str]:
+def _layout(plan_json: dict):
+    """What a release line's problems read of the layout (ep, etp)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{k: plan_json["layout"][k] for k in ("ep", "etp", "pp")})
+
+
+def _module_names(plan_json: dict, spec: Config) -> bool:
+    return torchtitan.module_parts(plan_json) is not None
+
+
+def files(plan_json: dict, line: str | None = None) -> dict[str, str]:
     """name -> text of the files this attempt's command line names (written beside its plan)."""
     fw = FRAMEWORKS.get(trainer_name(plan_json))
+    if fw is torchtitan:
+        return fw.files(plan_json, line or torchtitan.line_of(plan_json["config"]["trainer"].get("version"))
+                        or torchtitan.DEFAULT)
     return fw.files(plan_json) if fw is not None else {}
 
 
@@ -144,7 +205,11 @@ def placement_problems(plan) -> list[Problem]:
         return []
     pj = plan.to_json()
     pos = {r: p for p, r in enumerate(rank_map(pj))}
-    theirs = {frozenset(pos[r] for r in g) for g in fw.expert_groups(pj)}
+    if fw is torchtitan:  # the line asked for, else every line (the installed one is asked at launch)
+        lines = [torchtitan.line_of(plan.spec.trainer.version)] if plan.spec.trainer.version else list(fw.LINES)
+        theirs = {frozenset(pos[r] for r in g) for line in lines for g in fw.expert_groups(pj, line)}
+    else:
+        theirs = {frozenset(pos[r] for r in g) for g in fw.expert_groups(pj)}
     if theirs == {frozenset(g) for g in plan.expert_grid().groups("ep").tolist()}:
         return []
     return [Problem("layout.order, layout.ep", f"with the plan's order {'-'.join(plan.order)}, "

@@ -28,10 +28,14 @@ class Launcher(ABC):
 
     def preflight(self) -> list[Problem]:
         """Problems found before anything is started or submitted (nothing is written)."""
-        from orchestrator.launch.preflight import preflight
-        from orchestrator.frameworks.trainers import placement_problems
+        import sys
 
-        return placement_problems(self.plan) + preflight(self.spec, self.run_dir)
+        from orchestrator.launch.preflight import preflight
+        from orchestrator.frameworks.trainers import placement_problems, release_problems
+
+        lc = self.spec.launcher  # the interpreter that starts the ranks: the image's in a container
+        python = lc.container_python if getattr(lc, "container_image", None) else sys.executable
+        return placement_problems(self.plan) + release_problems(self.plan, python) + preflight(self.spec, self.run_dir)
 
     @abstractmethod
     def submit(self) -> int:

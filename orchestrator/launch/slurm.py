@@ -206,7 +206,11 @@ class SlurmLauncher(Launcher):
                                             sys.executable))
         (folder / "preview.sbatch").write_text(script)
         (folder / "preview.srun").write_text(srun + "\n")
+        from orchestrator.launch.trainers import rendered_for
+
+        release = rendered_for(self.run_dir)
         print(f"\nbatch script ({folder / 'preview.sbatch'}; nothing was submitted):\n{script}\n"
-              f"training step, started by the supervisor inside the allocation ({folder / 'preview.srun'}):\n{srun}\n")
+              f"training step, started by the supervisor inside the allocation ({folder / 'preview.srun'}):\n{srun}"
+              + (f"\nrendered for {release}" if release else "") + "\n")
         print("\n".join(self._environment(nodes)))
         return rundir.EXIT_OK

@@ -26,21 +26,33 @@ from orchestrator import rundir
 from orchestrator.launch.processes import LocalJob, apply
 from orchestrator.frameworks.trainers import argv as render_argv
 from orchestrator.frameworks.trainers import env as framework_env
-from orchestrator.frameworks.trainers import external, files, rank_map
+from orchestrator.frameworks.trainers import external, files, rank_map, release, trainer_name
 
 PYTHONS = ("python", "python3")
+RELEASE_FILE = "trainer_release.txt"  # beside the plan: the framework release the command line is for
 
 
 def _plan(plan_dir: Path) -> dict:
     return json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text())
 
 
-def prepare(plan_dir: Path) -> list[str]:
-    """This attempt's command line, and the files it names (frameworks/trainers.files) written beside its plan."""
+def prepare(plan_dir: Path, python: str | None = None) -> list[str]:
+    """This attempt's command line, and the files it names (frameworks/trainers.files) written beside
+    its plan. A framework with release lines renders for the one installed for `python` (the
+    interpreter that starts the ranks; trainer.version overrides), recorded in RELEASE_FILE."""
     pj = _plan(plan_dir)
-    for name, text in files(pj).items():
+    line, how = release(pj, python)
+    if line is not None:
+        (Path(plan_dir) / RELEASE_FILE).write_text(f"{trainer_name(pj).value} {line} ({how})\n")
+    for name, text in files(pj, line).items():
         (Path(plan_dir) / name).write_text(text)
-    return render_argv(pj, Path(plan_dir))
+    return render_argv(pj, Path(plan_dir), line)
+
+
+def rendered_for(plan_dir: Path) -> str | None:
+    """Which framework release this attempt's command line was rendered for (prepare wrote it)."""
+    f = Path(plan_dir) / RELEASE_FILE
+    return f.read_text().strip() if f.exists() else None
 
 
 def program(plan_dir: Path, python: str) -> list[str]:
@@ -52,7 +64,7 @@ def program(plan_dir: Path, python: str) -> list[str]:
         builtin = True
     if builtin:
         return [python, "-m", "orchestrator.train.worker", str(plan_dir)]
-    return [python, "-m", "orchestrator.launch.trainers", str(plan_dir), "--", *prepare(plan_dir)]
+    return [python, "-m", "orchestrator.launch.trainers", str(plan_dir), "--", *prepare(plan_dir, python)]
 
 
 def rank_env(plan_dir: Path, position: int, world: int) -> dict[str, str | None]:
@@ -99,7 +111,7 @@ class TrainerJob(LocalJob):
     """An attempt's ranks on this machine, each running the trainer's command line."""
 
     def __init__(self, run_dir: Path, nodes: int, gpus_per_node: int, env: dict | None = None, echo: bool = True):
-        super().__init__(run_dir, nodes, gpus_per_node, env, echo, worker=resolved(prepare(run_dir)))
+        super().__init__(run_dir, nodes, gpus_per_node, env, echo, worker=resolved(prepare(run_dir, sys.executable)))
 
     def start(self) -> None:
         from orchestrator.launch.processes import free_port

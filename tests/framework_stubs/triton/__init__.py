@@ -1,48 +1,51 @@
-"""A stand-in for triton on a machine without a GPU: enough for a framework module that uses
-triton at import time (decorators, constexpr annotations) to import; no kernel can run."""
-from __future__ import annotations
-
+"""Stand-in for triton on a CPU-only machine (see ../README.md): importable by a framework's
+modules that import it at their top level, never run. torch itself is told there is no triton
+(ImportError when torch imports it), as on any CPU machine: torch turns on triton code paths of
+its own when `import triton` succeeds."""
 import sys
 
-__version__ = "0.0.0+stub"
 
-# torch probes for triton when torch.compile first runs (torch._dynamo, its debugging backends,
-# torch._inductor) and takes its triton code paths if it imports: let torch finish those
-# imports seeing no triton.
-if "torch._dynamo" not in sys.modules:
-    _me = sys.modules[__name__]
-    sys.modules[__name__] = None  # `import triton` raises ImportError meanwhile
-    try:
-        import torch._dynamo.repro.after_dynamo  # noqa: F401
-        import torch._inductor.runtime.triton_compat  # noqa: F401
-    finally:
-        sys.modules[__name__] = _me
+def _importer() -> str:
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if not name.startswith(("importlib", "_frozen_importlib", "triton")):
+            return name
+        f = f.f_back
+    return ""
 
 
-class _Anything:
-    """Any attribute, call, decorator or subscript: itself (a decorator returns what it wraps)."""
+if _importer().split(".")[0] == "torch":
+    raise ImportError("triton stand-in (tests/framework_stubs): not for torch, which runs without triton on a CPU")
 
-    def __init__(self, name: str = "triton"):
-        self._name = name
+__version__ = "0.0.0"
 
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Anything(f"{self._name}.{name}")
-
-    def __call__(self, *args, **kwargs):
-        if len(args) == 1 and callable(args[0]) and not kwargs:
-            return args[0]  # @triton.jit
-        return self  # @triton.autotune(...), triton.Config(...)
-
-    def __getitem__(self, item):
-        return self
-
-    def __repr__(self) -> str:
-        return f"<stub {self._name}>"
+from . import language  # noqa: E402,F401
 
 
-def __getattr__(name: str):
+def jit(fn=None, **_):
+    """@triton.jit and @triton.jit(...): the function, undecorated."""
+    return fn if fn is not None else (lambda f: f)
+
+
+def autotune(*_, **__):
+    return lambda f: f
+
+
+heuristics = autotune
+
+
+class Config:
+    def __init__(self, *_, **__):
+        pass
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def __getattr__(name):
+    """Any other name (triton.Config, triton.testing, ...): a placeholder, as in triton.language."""
     if name.startswith("__"):
         raise AttributeError(name)
-    return _Anything(f"triton.{name}")
+    return language._Placeholder(f"triton.{name}")

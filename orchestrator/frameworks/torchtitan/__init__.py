@@ -1,12 +1,17 @@
-"""torchtitan's command line from a plan, what torchtitan cannot run, and its rank order.
+"""torchtitan's command line from a plan, what torchtitan cannot run, and its rank order:
+the part its release lines share; each line's command line in its own module (v0_2, v0_3).
 
-Checked against torchtitan==0.2.0 (PyPI; torchtitan/config/job_config.py, the JobConfig
-dataclasses its tyro CLI parses: `--section.field value`, booleans as bare flags), by
-tests/test_trainers.py when torchtitan is importable. Sources in that release:
+Release lines (LINES): 0.2 (torchtitan==0.2.0: JobConfig, --job.config_file) and 0.3
+(torchtitan==0.3.0: a config registry per model, --module/--config). The line is chosen where
+the ranks run: `trainer.version` if given, else the release installed for the interpreter that
+starts the ranks (frameworks/trainers.release), asked at launch. Checked against both releases'
+own code by tests/test_trainers.py (ConfigManager().parse_args on every rendered line,
+ParallelDims(...).build_mesh() under torch's fake process group for every rank, the pipeline
+split functions). Sources, the same in both lines unless said:
   pp.py = torchtitan/distributed/pipeline_parallel.py (stage split, stages per rank)
   pd.py = torchtitan/distributed/parallel_dims.py (the device mesh: pp, dp_replicate,
           dp_shard, cp, tp outermost first; EP carved from dp_shard x cp [x tp])
-  llama3 = torchtitan/models/llama3/infra/parallelize.py
+  llama3 = torchtitan/models/llama3/infra/parallelize.py (0.2), models/llama3/parallelize.py (0.3)
 """
 from __future__ import annotations
 
@@ -17,8 +22,11 @@ from orchestrator.config.errors import Problem
 from orchestrator.config.schema import Config, Precision, Recompute
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.layout import Layout
+from orchestrator.frameworks.torchtitan import v0_2, v0_3
 
-VERSION = "0.2.0"
+LINES = {m.LINE: m for m in (v0_2, v0_3)}
+DEFAULT = v0_3.LINE  # the current release, rendered for when nothing says which is installed
+VERSION_QUERY = "import importlib.metadata as m; print(m.version('torchtitan'))"
 STACKS = ("torchtitan",)
 # torch.distributed.pipelining's get_schedule_class names, as torchtitan takes them
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
@@ -73,7 +81,7 @@ def stage_settings(plan_layers: list[int], pp: int, layers: int, schedule: str) 
 
 def problems(spec: Config, layout: Layout) -> list[Problem]:
     out, tr = [], spec.training
-    sched = layout.schedule.name
+    sched, module_names = layout.schedule.name, False
     if layout.pp > 1:
         if sched not in SCHEDULE_NAMES:
             out.append(Problem("schedule.name", f"torchtitan has no {sched} schedule (it runs torch's "
@@ -85,12 +93,9 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
                                "use schedule=dualpipev, or schedule=interleaved_1f1b layout.vp=2."))
         else:
             counts = [b - a for a, b in layout.virtual_stages()]
-            if stage_settings(counts, layout.pp, spec.model.layers, sched) is None and spec.trainer.config_file:
-                out.append(Problem("trainer.config_file, layout.stage_layers", f"torchtitan's own split settings "
-                                   f"cannot give the plan's virtual stages {counts}, so the launcher writes them "
-                                   f"as module_fqns_per_model_part in a config file of its own, and torchtitan "
-                                   f"reads one config file.", "put the model and data settings in trainer.args "
-                                   "(--model.flavor=..., --training.dataset=...) instead of trainer.config_file."))
+            module_names = stage_settings(counts, layout.pp, spec.model.layers, sched) is None
+    if line_of(spec.trainer.version) in LINES:  # else the launcher checks the installed line before it renders
+        out += LINES[line_of(spec.trainer.version)].problems(spec, layout, module_names)
     if layout.zero == 1:
         out.append(Problem("layout.zero", "torchtitan shards parameters, gradients and optimizer state together "
                            "(FSDP2) or nothing (DDP); zero=1 shards only the optimizer.",
@@ -115,15 +120,31 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
     return out
 
 
+def line_of(version: str | None) -> str | None:
+    """The release line of a version ('0.3.0', '0.3.1.dev0', '0.3' -> '0.3'); None for None."""
+    if not version:
+        return None
+    return ".".join(str(version).strip().split(".")[:2])
+
+
+def version_problems(version: str | None) -> list[Problem]:
+    """trainer.version must name a release line the renderer has (schema validation)."""
+    if version is None or line_of(version) in LINES:
+        return []
+    return [Problem("trainer.version", f"torchtitan {version!r} is not a release line the launcher renders for "
+                    f"(it renders for {', '.join(LINES)}).", f"set trainer.version to one of {', '.join(LINES)}, "
+                    f"or leave it unset to use the release installed where the ranks run.")]
+
+
 def _counts(lay: dict) -> list[int]:
     """Layers per virtual stage, in pipeline order."""
     virtual = sorted((v for st in lay["stages"] for v in st["virtual"]), key=lambda v: v["stage"])
     return [v["layers"][1] - v["layers"][0] for v in virtual]
 
 
-def module_parts(plan_json: dict) -> list[list[str]] | None:
+def module_parts(plan_json: dict, line: str = DEFAULT) -> list[list[str]] | None:
     """The plan's split as torchtitan's module_fqns_per_model_part (tok_embeddings, layers.N,
-    norm, output: the Llama module names), where its split settings cannot give it."""
+    norm and the line's output module), where its split settings cannot give it."""
     lay = plan_json["layout"]
     if lay["pp"] == 1 or lay["schedule"] not in SCHEDULE_NAMES:
         return None
@@ -134,16 +155,15 @@ def module_parts(plan_json: dict) -> list[list[str]] | None:
     for j, n in enumerate(counts):
         part = ["tok_embeddings"] if j == 0 else []
         part += [f"layers.{i}" for i in range(start, start + n)]
-        out.append(part + (["norm", "output"] if j == len(counts) - 1 else []))
+        out.append(part + (["norm", LINES[line].OUTPUT] if j == len(counts) - 1 else []))
         start += n
     return out
 
 
-def config_toml(parts: list[list[str]]) -> str:
-    """The config file the launcher writes beside the plan when the split needs module names."""
-    rows = ",\n  ".join("[" + ", ".join(f'"{m}"' for m in p) + "]" for p in parts)
-    return f"# written by orchestrator from plan.json: the plan's pipeline split\n[parallelism]\n" \
-           f"module_fqns_per_model_part = [\n  {rows}\n]\n"
+def files(plan_json: dict, line: str = DEFAULT) -> dict[str, str]:
+    """The files the command line names, written beside the plan (0.2: torchtitan.toml for a
+    split that only module names express)."""
+    return LINES[line].files(module_parts(plan_json, line))
 
 
 def env(plan_json: dict) -> dict[str, str | None]:
@@ -151,19 +171,12 @@ def env(plan_json: dict) -> dict[str, str | None]:
     return {}
 
 
-def files(plan_json: dict) -> dict[str, str]:
-    """The files the command line names, written beside the plan: torchtitan.toml for a split
-    that only module names express."""
-    parts = module_parts(plan_json)
-    return {"torchtitan.toml": config_toml(parts)} if parts else {}
-
-
-def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list[str]:
-    """torchtitan's CLI overrides for this plan (after trainer.command, before trainer.args);
-    with a split only module names express, they point at PLAN_DIR/torchtitan.toml."""
+def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None,
+           line: str = DEFAULT) -> tuple[list[str], list[str]]:
+    """torchtitan `line`'s words for this plan: (after trainer.command, after trainer.args)."""
     plan_dir = plan_dir or run_dir
     lay, cfg = plan_json["layout"], plan_json["config"]
-    tr, t = cfg["training"], cfg["trainer"]
+    tr = cfg["training"]
     pp, dp, zero = lay["pp"], lay["dp"], lay["zero"]
     shard, repl = (1, dp) if zero == 0 else (lay["dp_shard"], lay["dp_replicate"])
     par = {"data_parallel_replicate_degree": repl, "data_parallel_shard_degree": shard,
@@ -174,30 +187,14 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
     if zero >= 2:
         par["fsdp_reshard_after_forward"] = "never" if zero == 2 else "default"
     if pp > 1:
-        counts = _counts(lay)
         par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[lay["schedule"]]
         par["pipeline_parallel_microbatch_size"] = lay["micro_batch"]
-        par.update(stage_settings(counts, pp, cfg["model"]["layers"], lay["schedule"]) or {})
-    parts = module_parts(plan_json)
-    config_file = f"{plan_dir}/torchtitan.toml" if parts else t.get("config_file")
-    out = [f"--job.config_file={config_file}"] if config_file else []
-    out += [f"--job.dump_folder={run_dir}"]
-    out += [f"--parallelism.{k}={v}" for k, v in par.items()]
+        par.update(stage_settings(_counts(lay), pp, cfg["model"]["layers"], lay["schedule"]) or {})
     local = tr["global_batch"] // dp if pp > 1 else lay["micro_batch"]
-    out += [f"--training.local_batch_size={local}", f"--training.global_batch_size={tr['global_batch']}",
-            f"--training.seq_len={tr['seq_len']}", f"--training.steps={tr['steps']}", f"--training.seed={tr['seed']}",
-            f"--training.mixed_precision_param={'float32' if tr['precision'] == Precision.fp32.value else 'bfloat16'}"]
-    if tr["precision"] == Precision.fp8.value:
-        out.append("--model.converters=float8")
-    out.append(f"--activation_checkpoint.mode={tr['recompute']}")
-    if tr["recompute"] == Recompute.selective.value:
-        out.append("--activation_checkpoint.selective_ac_option=op")
-    ck = tr["checkpoint"]
-    if ck["every"] > 0:
-        folder = (ck["dir"] or f"{run_dir}/checkpoints").removeprefix("file://")
-        out += ["--checkpoint.enable", f"--checkpoint.folder={folder}", f"--checkpoint.interval={ck['every']}",
-                f"--checkpoint.keep_latest_k={ck['keep']}"]
-    return out
+    train = {"local_batch_size": local, "global_batch_size": tr["global_batch"], "seq_len": tr["seq_len"],
+             "steps": tr["steps"],
+             "mixed_precision_param": "float32" if tr["precision"] == Precision.fp32.value else "bfloat16"}
+    return LINES[line].render(plan_json, run_dir, Path(plan_dir), par, train, module_parts(plan_json, line))
 
 
 def framework_rank(coords: dict, plan_json: dict) -> int:
@@ -215,15 +212,19 @@ def framework_rank(coords: dict, plan_json: dict) -> int:
     return r
 
 
-def expert_groups(plan_json: dict) -> list[list[int]]:
-    """torchtitan's expert-parallel groups, in RANKs (pd.py _build_mesh_with_ep): dp_shard
-    splits into mod_ep x in_ep and ep flattens in_ep, cp and (with etp=1) tp."""
+def expert_groups(plan_json: dict, line: str = DEFAULT) -> list[list[int]]:
+    """torchtitan's expert-parallel groups, in RANKs. 0.2 (pd.py _build_mesh_with_ep): dp_shard
+    splits into mod_ep x in_ep and ep flattens in_ep, cp and (with etp=1) tp. 0.3 (pd.py
+    build_mesh, the sparse mesh pp, dp_replicate, efsdp, ep): ep innermost over dp_shard x cp x tp."""
     import numpy as np
 
     lay = plan_json["layout"]
     tp, cp, ep, etp, shard = lay["tp"], lay["cp"], lay["ep"], lay["etp"], lay["dp_shard"]
+    world = lay["pp"] * lay["dp"] * cp * tp
+    if line != v0_2.LINE:
+        return np.arange(world).reshape(-1, ep).tolist()
     inner = ep // cp if etp == tp else ep // (cp * tp)
-    cube = np.arange(lay["pp"] * lay["dp"] * cp * tp).reshape(lay["pp"], lay["dp"] // shard, shard // inner, inner, cp, tp)
+    cube = np.arange(world).reshape(lay["pp"], lay["dp"] // shard, shard // inner, inner, cp, tp)
     axes = [3, 4] if etp == tp else [3, 4, 5]  # each group: ep ranks
     rest = [i for i in range(6) if i not in axes]
     return np.transpose(cube, rest + axes).reshape(-1, ep).tolist()
