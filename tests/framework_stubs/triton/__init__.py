@@ -20,6 +20,18 @@ if _importer().split(".")[0] == "torch":
 
 __version__ = "0.0.0"
 
+# A framework imported first (Megatron-Core's fusions): torch has not yet probed for triton, and
+# would find this stand-in when torch.compile first imports torch._dynamo and torch._inductor.
+# Let torch finish those imports seeing no triton, as on any CPU machine.
+if "torch._dynamo" not in sys.modules:
+    _me = sys.modules[__name__]
+    sys.modules[__name__] = None  # `import triton` raises ImportError meanwhile
+    try:
+        import torch._dynamo.repro.after_dynamo  # noqa: F401
+        import torch._inductor.runtime.triton_compat  # noqa: F401
+    finally:
+        sys.modules[__name__] = _me
+
 from . import language  # noqa: E402,F401
 
 
