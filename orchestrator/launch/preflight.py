@@ -2,6 +2,7 @@
 the checkpoint location, and whether a checkpoint found there may be resumed by this run."""
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -75,6 +76,39 @@ def fault_problems(spec: Config) -> list[Problem]:
     return out
 
 
+def path_problems(key: str, path: str | Path) -> list[Problem]:
+    """A local path this program will create or read (a run or sweep directory, a checkpoint
+    folder): each name within the file system's NAME_MAX and the whole within its PATH_MAX, so a
+    path the system cannot hold is refused naming its key instead of failing on first use."""
+    text = str(path)
+    if "\x00" in text:
+        return [Problem(key, f"{text!r} contains a NUL character.", "use a plain path.")]
+    full = Path(os.path.abspath(text))
+    base = next((p for p in (full, *full.parents) if os.path.isdir(p)), Path("/"))
+    name_max, path_max = _limit(base, "PC_NAME_MAX", 255), _limit(base, "PC_PATH_MAX", 4096)
+    long = [part for part in full.parts if len(os.fsencode(part)) > name_max]
+    if long:
+        return [Problem(key, f"{_short(text)}: the name {_short(long[0])} is {len(os.fsencode(long[0]))} bytes "
+                        f"long; the file system at {base} allows {name_max} bytes per name.",
+                        f"use names of at most {name_max} bytes, e.g. {key}="
+                        f"{Path(*(x if x not in long else x[:40] for x in full.parts))}.")]
+    if len(os.fsencode(str(full))) >= path_max:
+        return [Problem(key, f"{_short(text)} is {len(os.fsencode(str(full)))} bytes long; the file system at "
+                        f"{base} allows paths of {path_max - 1} bytes.", "use a shorter path.")]
+    return []
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    try:
+        return os.pathconf(path, name)
+    except (OSError, ValueError):
+        return default
+
+
+def _short(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else f"{text[:n // 2]}...{text[-n // 4:]}")
+
+
 def location_problems(url: str, writes: bool) -> list[Problem]:
     """The checkpoint URL: a known protocol, no path tricks, not a system directory, and
     (when the run saves) writable: a probe file is written, read back and removed."""
@@ -89,6 +123,9 @@ def location_problems(url: str, writes: bool) -> list[Problem]:
     if ".." in Path(path).parts or "\n" in url or "\x00" in url:
         return [Problem(key, f"{url!r} contains '..' or a control character.", "use a plain, absolute location.")]
     if protocol in ("file", "local"):
+        too_long = path_problems(key, path)
+        if too_long:
+            return too_long
         p = Path(path).resolve()
         if p == Path("/") or any(p == Path(d) or Path(d) in p.parents for d in SYSTEM_DIRS):
             return [Problem(key, f"{url!r} is a system location ({p}).", "point it at a directory of your own.")]

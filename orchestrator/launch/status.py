@@ -10,9 +10,10 @@ from orchestrator import rundir
 
 def read_status(run_dir: Path) -> dict:
     try:
-        return json.loads((Path(run_dir) / rundir.STATUS_JSON).read_text())
+        status = json.loads((Path(run_dir) / rundir.STATUS_JSON).read_text())
     except (OSError, ValueError):
         return {}
+    return status if isinstance(status, dict) else {}  # another program's status.json says nothing here
 
 
 def write_status(run_dir: Path, **fields) -> dict:

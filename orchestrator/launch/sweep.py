@@ -12,11 +12,14 @@ finished (`launcher.wait=true`), the measured ones.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import datetime
 from pathlib import Path
 
 from orchestrator import rundir
+
+MAX_POINTS = 100_000  # a sweep plans every point: beyond this it would not end (layout=auto searches instead)
 
 
 def expand(args: list[str], config_dir: str | None = None) -> list[list[str]]:
@@ -54,11 +57,54 @@ def expand(args: list[str], config_dir: str | None = None) -> list[list[str]]:
                                     "of points.", "list the points: choice(a,b,...) or range(start,stop,step)."))
     if problems:
         raise ConfigError(problems)
-    points = [point for batch in BasicSweeper.split_arguments(task, None) for point in batch]
+    sizes = {o.get_key_element(): _size(o) for o in task}  # a key given twice: its last value counts
+    if math.prod(sizes.values()) > MAX_POINTS:
+        swept = {k: n for k, n in sizes.items() if n != 1}
+        total = math.prod(swept.values())
+        count = "infinitely many" if math.isinf(total) else f"{total:,}"
+        if len(swept) > 1:
+            count = f"{' x '.join('infinitely many' if math.isinf(n) else f'{n:,}' for n in swept.values())} = {count}"
+        raise ConfigError([Problem(", ".join(k.lstrip("+~") for k in swept), f"the sweep would have {count} points, "
+                                   f"more than {MAX_POINTS:,} can be planned.",
+                                   "narrow the ranges (range(start,stop,step) with a larger step), or let layout=auto "
+                                   "search the layouts.")])
+    try:
+        points = [point for batch in BasicSweeper.split_arguments(task, None) for point in batch]
+    except (ValueError, ArithmeticError, HydraException) as e:  # e.g. range(1,5,0): Hydra's own words, on the expression
+        bad = next((o for o in task if o.is_sweep_override() and _raises(o)), None)
+        raise ConfigError([Problem(bad.get_key_element().lstrip("+~") if bad else "command line",
+                                   f"{bad.input_line if bad else ' '.join(args)!r}: "
+                                   f"{'start, stop and step must be finite numbers' if isinstance(e, ArithmeticError) else e}.",
+                                   "a range needs a non-zero step that goes from start towards stop: "
+                                   "range(1,8,2), range(8,0,-2).")]) from None
     if not points:  # Hydra would launch nothing, silently: say which expression gave no value
         raise ConfigError([_no_point(o, parser) for o in task if o.is_sweep_override()
                            and not list(o.sweep_string_iterator())])
     return points
+
+
+def _size(o) -> float:
+    """How many values a sweep expression gives, counted without listing them (nor shuffling)."""
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    v = o.value() if o.is_sweep_override() else None
+    if isinstance(v, ChoiceSweep):
+        return len(v.list)
+    if isinstance(v, RangeSweep):
+        try:
+            n = (v.stop - v.start) / v.step
+        except (ArithmeticError, TypeError):
+            return 1  # listing it says what is wrong
+        return max(math.ceil(n), 0) if math.isfinite(n) else (math.inf if n > 0 else 0)
+    return 1
+
+
+def _raises(o) -> bool:
+    try:
+        list(o.sweep_string_iterator())
+    except Exception:  # noqa: BLE001 - which expression Hydra cannot list
+        return True
+    return False
 
 
 def _no_point(o, parser):
@@ -82,7 +128,7 @@ def _no_point(o, parser):
 
 
 def run_sweep(args: list[str], config_dir: str | None = None, config_name: str = "config") -> int:
-    from orchestrator.config.errors import ConfigError, print_rejection
+    from orchestrator.config.errors import ConfigError, Problem, print_rejection
 
     sweep_dir = next((Path(a.split("=", 1)[1]) for a in args if a.startswith("hydra.sweep.dir=")), None)
     try:
@@ -90,7 +136,17 @@ def run_sweep(args: list[str], config_dir: str | None = None, config_name: str =
     except ConfigError as e:
         return print_rejection(e.problems, "planned or launched")
     sweep_dir = sweep_dir or Path("outputs/multirun") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    from orchestrator.launch.preflight import path_problems
+
+    refused = path_problems("hydra.sweep.dir", sweep_dir)
+    if not refused:
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file where a folder should be, no permission, a read-only file system
+            refused = [Problem("hydra.sweep.dir", f"{str(sweep_dir)!r} cannot be created: {e.strerror or e}.",
+                               "choose a directory you can write, e.g. hydra.sweep.dir=outputs/my_sweep.")]
+    if refused:
+        return print_rejection(refused, "planned or launched")
     rows, valid = plan_points(points, sweep_dir, config_dir, config_name)
     print_table(rows)
     launcher = valid[0][1].spec.launcher.name.value if valid else "dry"

@@ -154,9 +154,11 @@ def read_jsonl(path: Path) -> list[dict]:
     if Path(path).exists():
         for line in Path(path).read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(record, dict):  # a line that is not a record (another program's) is skipped too
+                out.append(record)
     return out
 
 
