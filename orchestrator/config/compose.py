@@ -233,7 +233,7 @@ def parse_problem(e: Exception) -> Problem:
                       if x.strip() and not x.startswith(("Error parsing override", "See https://")))
     return Problem(m.group(1).lstrip("+~") if m else "command line",
                    f"{line!r} cannot be parsed: {reason or text.splitlines()[0]}" if line else f"cannot be parsed: {reason}",
-                   "write overrides as key=value, quoting values with spaces, commas or newlines ('...'); a sweep "
+                   "write overrides as key=value, quoting values with spaces, commas, brackets or newlines ('...'); a sweep "
                    "is a,b or choice(a,b), range(start,stop[,step]), glob(pattern[,exclude=[...]]), sort(...), "
                    "shuffle(...) or tag(name,...,sweep) (Hydra's override grammar).")
 

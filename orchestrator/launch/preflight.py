@@ -42,11 +42,20 @@ def fault_problems(spec: Config) -> list[Problem]:
             out.append(Problem("fault.at_step", f"fault.kind={f.kind.value} needs a step inside 1 .. {steps - 1}, got "
                                f"{f.at_step}.", f"use fault.at_step between 1 and {steps - 1}."))
     if f.kill_node is not None and f.kind == FaultKind.kill_node:
-        bad = [n for n in f.nodes() if not isinstance(n, int) or not 0 <= n < nodes]
-        if bad or len(set(f.nodes())) != len(f.nodes()) or 1 < len(f.nodes()) >= nodes:
-            out.append(Problem("fault.kill_node", f"{f.kill_node} is not one node, or a list of distinct nodes that "
-                               f"leaves one alive, of 0 .. {nodes - 1} (cluster.nodes is {nodes}).",
-                               f"use 0 .. {nodes - 1}, e.g. fault.kill_node=1 or fault.kill_node=[1,2]."))
+        listed = f.nodes()
+        named = (lambda i, n: f"[{i}]={n!r}") if isinstance(f.kill_node, (list, tuple)) else (lambda i, n: repr(n))
+        bad = [named(i, n) for i, n in enumerate(listed)
+               if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < nodes]
+        twice = [named(i, n) for i, n in enumerate(listed) if n in listed[:i]]
+        why = ([f"{', '.join(bad)} {'is not a node' if len(bad) == 1 else 'are not nodes'} of 0 .. {nodes - 1} "
+                f"(cluster.nodes is {nodes})"] if bad else []) + \
+              ([f"{', '.join(twice)} named before"] if twice else []) + \
+              ([f"{len(listed)} nodes would leave none of cluster.nodes={nodes} alive"]
+               if 1 < len(listed) >= nodes else [])
+        if why:
+            out.append(Problem("fault.kill_node", f"{f.kill_node}: " + "; ".join(why) + ".",
+                               f"name distinct nodes of 0 .. {nodes - 1} that leave one alive, e.g. fault.kill_node=1"
+                               + (f" or fault.kill_node=[0,{nodes - 2}]" if nodes > 2 else "") + "."))
         if f.mode != FaultMode.random and f.at_step is None:
             out.append(Problem("fault.at_step", f"fault.kill_node={f.kill_node} needs the step to kill it at.",
                                "set fault.at_step=<step>, or fault.mode=random."))
