@@ -269,9 +269,12 @@ def fixtures(tmp: Path) -> dict:
     return {"topologies": topologies, "runs": dirs, "root": runs}
 
 
-def typed_case(rng: random.Random, keys, fx: dict, tmp: Path, i: int) -> tuple[str, str, list[str]]:
+KINDS = ("override", "sweep", "trainer", "placement", "paths", "runs", "runs")
+
+
+def typed_case(rng: random.Random, keys, fx: dict, tmp: Path, i: int, kind: str | None = None) -> tuple[str, str, list[str]]:
     """One hostile command line: (its kind, "orchestrate" | "orchestrate-runs", its arguments)."""
-    kind = rng.choice(("override", "sweep", "trainer", "placement", "paths", "runs", "runs"))
+    kind = kind or rng.choice(KINDS)
     base = rng.choice(BASES[:2]) + ["figures=false"]
     here = [f"hydra.run.dir={tmp}/{i}", f"hydra.sweep.dir={tmp}/{i}s"]
     if kind == "override":
@@ -341,8 +344,9 @@ def bad_outcome(code: int, text: str) -> bool:
     return code not in EXITS or "Traceback" in text or "internal error" in text
 
 
-def fuzz_typed(n: int, rng: random.Random, tmp: Path) -> dict:
-    """`n` hostile command lines through the entry points, in this process."""
+def fuzz_typed(n: int, rng: random.Random, tmp: Path, round_robin: bool = False) -> dict:
+    """`n` hostile command lines through the entry points, in this process (with `round_robin`,
+    the kinds in turn, so a small sample has every kind)."""
     import signal
 
     from orchestrator.config.schema import Config
@@ -357,7 +361,7 @@ def fuzz_typed(n: int, rng: random.Random, tmp: Path) -> dict:
     old = signal.signal(signal.SIGALRM, too_long)
     try:
         for i in range(n):
-            kind, program, argv = typed_case(rng, keys, fx, tmp, i)
+            kind, program, argv = typed_case(rng, keys, fx, tmp, i, KINDS[i % len(KINDS)] if round_robin else None)
             t0 = time.perf_counter()
             signal.alarm(120)
             try:

@@ -91,9 +91,10 @@ def final_line(run_dir: Path) -> str:
     state_now = state(run_dir)
     status = read_status(run_dir)
     try:
-        url = ckpt.url_for(plan_json(run_dir)["config"]["training"]["checkpoint"]["dir"], run_dir)
+        setting = _at(plan_json(run_dir), "config", "training", "checkpoint", "dir")
+        url = ckpt.url_for(setting if isinstance(setting, str) else None, run_dir)
         latest = ckpt.latest_complete(url)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError):
         url, latest = None, None
     where = (f"last complete checkpoint: step {latest} in {ckpt.step_dir(url, latest)}" if latest is not None else
              "no complete checkpoint")
@@ -110,8 +111,8 @@ def _what(run_dir: Path, status: dict, now: str) -> str:
     from orchestrator.launch.status import steps_completed
 
     try:
-        steps = plan_json(run_dir)["config"]["training"]["steps"]
-    except (OSError, ValueError, KeyError):
+        steps = _at(plan_json(run_dir), "config", "training", "steps") or "?"
+    except (OSError, ValueError):
         steps = "?"
     done = steps_completed(run_dir, range(10**6))
     job = f" (SLURM job {status['job_id']})" if status.get("job_id") else ""
@@ -119,9 +120,9 @@ def _what(run_dir: Path, status: dict, now: str) -> str:
         return f"waiting in the queue{job}, nothing has run yet" if not done else f"waiting in the queue{job}"
     if now in ("running", "re-forming"):
         doing = "re-forming after a failure" if now == "re-forming" else "training"
-        return (f"attempt {status.get('attempt', 0)}{job} {doing}"
-                f" on {len(status.get('nodes') or [])} node(s), layout {status.get('layout', '?')}: step {done} of "
-                f"{steps} done")
+        nodes = len(status["nodes"]) if isinstance(status.get("nodes"), list) else "?"
+        return (f"attempt {status.get('attempt', 0)}{job} {doing} on {nodes} node(s), layout "
+                f"{status.get('layout', '?')}: step {done} of {steps} done")
     return f"{now}{job} after step {done} of {steps}, with no reason recorded (see failover.json and the logs)"
 
 
@@ -192,10 +193,12 @@ def show_status(run_dir: Path) -> int:
     for key in ("job_id", "attempt", "nodes"):
         if key in status:
             print(f"{key:<9} {status[key]}")
-    if status.get("control", {}).get("dropped_total"):  # control messages refused (launch/control.py)
-        print(f"control   {status['control']['dropped_total']} message(s) dropped: {status['control']['dropped']}")
-    for s in status.get("stragglers", []):  # launch/stragglers.py
-        print(f"straggler {s['what']}")
+    control = status.get("control")
+    if isinstance(control, dict) and control.get("dropped_total"):  # control messages refused (launch/control.py)
+        print(f"control   {control['dropped_total']} message(s) dropped: {control.get('dropped')}")
+    for s in status.get("stragglers") or []:  # launch/stragglers.py
+        if isinstance(s, dict):
+            print(f"straggler {s.get('what')}")
     for e in read_events(run_dir):
         print(f"event     {e.get('mode')}: " + ", ".join(f"{k}={e[k]}" for k in ("nodes_lost", "steps_lost", "recovery_s",
                                                                                  "resumed_from_step") if k in e))
@@ -293,7 +296,8 @@ def state(run_dir: Path) -> str:
     """Where the run stands. A job SLURM says has ended while its status still says it runs
     ended without its supervisor (cancelled, or its node lost): that is said plainly."""
     status = read_status(run_dir)
-    current = status.get("state", "unknown")
+    current = status.get("state")
+    current = current if isinstance(current, str) and current else "unknown"
     job = last_job(run_dir)
     if current not in DONE and status.get("launcher") == "local" and status.get("pid") and not _alive(status["pid"]):
         new_msg = (f"the supervisor (orchestrate, pid {status['pid']}) is gone, killed or its machine lost, while the "

@@ -29,7 +29,7 @@ def steps_completed(run_dir: Path, attempts) -> int:
     """Steps the given attempts completed (from rank 0's metrics.jsonl); 0 if none."""
     done = 0
     for rec in read_metrics(run_dir):
-        if rec.get("attempt") in attempts:
+        if rec.get("attempt") in attempts and isinstance(rec.get("step"), int):
             done = max(done, rec["step"] + 1)
     return done
 

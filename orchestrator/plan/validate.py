@@ -114,8 +114,9 @@ def check_values(spec: Config) -> list[Problem]:
     sl = spec.layout.stage_layers
     bad = [(i, x) for i, x in enumerate(sl or []) if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 4096]
     if bad:
-        out.append(Problem("layout.stage_layers", f"{_entries(bad)} {'is not a layer count' if len(bad) == 1 else 'are not layer counts'} "
-                           f"(whole numbers 0 .. 4096, one per pipeline stage).",
+        verb = "is not a layer count" if len(bad) == 1 else "are not layer counts"
+        out.append(Problem("layout.stage_layers", f"{_entries(bad)} {verb} (whole numbers 0 .. 4096, one per "
+                           "pipeline stage).",
                            "e.g. layout.stage_layers=[7,8,8,7], or leave it unset."))
     out += _resume_allow_problems(spec)
     return out
