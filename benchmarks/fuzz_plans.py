@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import random
 import subprocess
 import sys
@@ -318,7 +319,6 @@ def typed_case(rng: random.Random, keys, fx: dict, tmp: Path, i: int, kind: str 
 def run_in_process(program: str, argv: list[str]) -> tuple[int, str]:
     """The exit status and output of one command line through the console script's own function."""
     import io
-    import os
     from contextlib import redirect_stderr, redirect_stdout
 
     from orchestrator.cli import main, runs_main
@@ -346,7 +346,7 @@ def bad_outcome(code: int, text: str) -> bool:
 
 def fuzz_typed(n: int, rng: random.Random, tmp: Path, round_robin: bool = False) -> dict:
     """`n` hostile command lines through the entry points, in this process (with `round_robin`,
-    the kinds in turn, so a small sample has every kind)."""
+    the kinds in turn, so a small sample has every kind), in `tmp` as the current folder."""
     import signal
 
     from orchestrator.config.schema import Config
@@ -358,7 +358,8 @@ def fuzz_typed(n: int, rng: random.Random, tmp: Path, round_robin: bool = False)
     def too_long(*_):
         raise TimeoutError("over 120 s")
 
-    old = signal.signal(signal.SIGALRM, too_long)
+    old, cwd = signal.signal(signal.SIGALRM, too_long), os.getcwd()
+    os.chdir(tmp)  # a relative path typed on a command line lands here, not in the checkout
     try:
         for i in range(n):
             kind, program, argv = typed_case(rng, keys, fx, tmp, i, KINDS[i % len(KINDS)] if round_robin else None)
@@ -379,6 +380,7 @@ def fuzz_typed(n: int, rng: random.Random, tmp: Path, round_robin: bool = False)
             if bad_outcome(code, text):
                 found["tracebacks"].append((program, argv, code, text[-600:]))
     finally:
+        os.chdir(cwd)
         signal.signal(signal.SIGALRM, old)
         if bystander.poll() is not None:
             found["tracebacks"].append(("orchestrate-runs", ["cancel"], -1, "a process that was not a run's was killed"))
@@ -398,7 +400,8 @@ def fuzz_cli(n: int, rng: random.Random, tmp: Path) -> dict:
         entry = (["-m", "orchestrator"] if program == "orchestrate" else
                  ["-c", "from orchestrator.cli import runs_main; runs_main()"])
         try:
-            r = subprocess.run([sys.executable, *entry, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+            r = subprocess.run([sys.executable, *entry, *argv], cwd=tmp, capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
         except subprocess.TimeoutExpired:
             found["timeouts"].append((program, argv))
             continue

@@ -267,7 +267,7 @@ def run(overrides: list[str], argv: list[str], config_dir: str | None = None, co
             return print_rejection(problems, "submitted" if plan.spec.launcher.name.value == "slurm" else "launched")
     from orchestrator.launch import privacy  # owner-only by default; another user's run refused
 
-    refused = local_paths(run_dir, plan.spec.training.checkpoint.dir)
+    refused = local_paths(str(cfg.hydra.run.dir), plan.spec.training.checkpoint.dir)
     if refused:
         return print_rejection(refused)
     lc = plan.spec.launcher
@@ -287,11 +287,11 @@ def run(overrides: list[str], argv: list[str], config_dir: str | None = None, co
     return launcher.submit()
 
 
-def local_paths(run_dir: Path, checkpoint_dir: str | None) -> list[Problem]:
-    """The run directory and a local checkpoint folder: paths the file system can hold."""
-    from orchestrator.launch.preflight import path_problems
+def local_paths(run_dir: str, checkpoint_dir: str | None) -> list[Problem]:
+    """The run directory (as typed) and a local checkpoint folder: paths the file system can hold."""
+    from orchestrator.launch.preflight import folder_problems, path_problems
 
-    out = path_problems("hydra.run.dir", run_dir)
+    out = folder_problems("hydra.run.dir", run_dir)
     local = checkpoint_dir.removeprefix("file://") if checkpoint_dir else None
     if local and "://" not in local:
         out += path_problems("training.checkpoint.dir", local)

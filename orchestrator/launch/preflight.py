@@ -92,6 +92,9 @@ def path_problems(key: str, path: str | Path) -> list[Problem]:
     text = str(path)
     if "\x00" in text:
         return [Problem(key, f"{text!r} contains a NUL character.", "use a plain path.")]
+    if not text.strip():
+        return [Problem(key, "is empty: the files would be written into the current folder, among yours.",
+                        f"name a folder of its own, e.g. {key}=outputs/my_folder.")]
     full = Path(os.path.abspath(text))
     base = next((p for p in (full, *full.parents) if os.path.isdir(p)), Path("/"))
     name_max, path_max = _limit(base, "PC_NAME_MAX", 255), _limit(base, "PC_PATH_MAX", 4096)
@@ -105,6 +108,15 @@ def path_problems(key: str, path: str | Path) -> list[Problem]:
         return [Problem(key, f"{_short(text)} is {len(os.fsencode(str(full)))} bytes long; the file system at "
                         f"{base} allows paths of {path_max - 1} bytes.", "use a shorter path.")]
     return []
+
+
+def folder_problems(key: str, text: str) -> list[Problem]:
+    """A run's or a sweep's own folder, as typed: a local path the file system can hold (not a URL)."""
+    if "://" in text:
+        return [Problem(key, f"{text!r} is a URL: a run's or a sweep's directory is a local folder (plans, logs, "
+                        "status).", f"give a path, e.g. {key}=outputs/my_run; checkpoints may go to a URL "
+                        "(training.checkpoint.dir).")]
+    return path_problems(key, text)
 
 
 def _limit(path: Path, name: str, default: int) -> int:

@@ -130,15 +130,19 @@ def _no_point(o, parser):
 def run_sweep(args: list[str], config_dir: str | None = None, config_name: str = "config") -> int:
     from orchestrator.config.errors import ConfigError, Problem, print_rejection
 
-    sweep_dir = next((Path(a.split("=", 1)[1]) for a in args if a.startswith("hydra.sweep.dir=")), None)
     try:
         points = expand(args, config_dir)
     except ConfigError as e:
         return print_rejection(e.problems, "planned or launched")
-    sweep_dir = sweep_dir or Path("outputs/multirun") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    from orchestrator.launch.preflight import path_problems
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    refused = path_problems("hydra.sweep.dir", sweep_dir)
+    from orchestrator.launch.preflight import folder_problems
+
+    given = [o.value() for o in OverridesParser.create().parse_overrides([a for a in args if a.startswith(
+        "hydra.sweep.dir=")])]  # as Hydra reads it (quotes removed); parsed above already
+    sweep_dir = str(given[-1]) if given else str(Path("outputs/multirun") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    refused = folder_problems("hydra.sweep.dir", sweep_dir)
+    sweep_dir = Path(sweep_dir)
     if not refused:
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
