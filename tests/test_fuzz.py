@@ -3,6 +3,7 @@ rejection (key, message, fix), never an exception, a hang or a nonsense plan mar
 nothing typed on a command line ends in a traceback. benchmarks/fuzz_plans.py runs the same
 checks on 10,000 configurations, through Hydra's compose and on hundreds of command lines."""
 import dataclasses
+import os
 import sys
 
 from hypothesis import HealthCheck, given, settings
@@ -58,3 +59,24 @@ def test_typed_command_lines_end_in_a_documented_exit_status(tmp_path):
     found = fuzz_typed(2 * len(KINDS), random.Random(0), tmp_path, round_robin=True)
     assert found["tracebacks"] == [] and found["timeouts"] == [], found["tracebacks"][:3] + found["timeouts"][:3]
     assert set(found["kinds"]) == set(KINDS)
+
+
+def test_paths_the_file_system_cannot_hold_are_refused_naming_the_key(tmp_path):
+    """A name longer than the file system allows (NAME_MAX, 255 bytes here) in a run, sweep or
+    checkpoint path, or in a run directory given to orchestrate-runs: exit 2 naming the key."""
+    from conftest import run_cli_here
+    from fuzz_plans import run_in_process
+
+    long = tmp_path / ("x" * 300)
+    tiny = ["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2", "figures=false"]
+    for key, args in (("training.checkpoint.dir", [f"training.checkpoint.dir={long}"]),
+                      ("training.checkpoint.dir", ["launcher=local", "training.checkpoint.every=2",
+                                                   f"training.checkpoint.dir=file://{long}"]),
+                      ("hydra.run.dir", [f"hydra.run.dir={long}"]), ("hydra.sweep.dir", ["-m", f"hydra.sweep.dir={long}"]),
+                      ("hydra.run.dir", ["hydra.run.dir=''"])):
+        r = run_cli_here([*tiny, *args], tmp_path / "x")
+        assert r.returncode == 2 and f"[{key}]" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-800:])
+    assert not os.path.exists(long)  # (Path.exists raises on a name this long)
+    for args in (["status", str(long)], ["list", "--root", str(long)]):
+        code, text = run_in_process("orchestrate-runs", args)
+        assert code == 2 and "is 300 bytes long" in text and "Traceback" not in text, (args, text[-800:])
