@@ -163,9 +163,11 @@ def test_other_lists_name_their_entries():
     from orchestrator.config.compose import typed
     from orchestrator.launch.preflight import fault_problems
 
-    plan = plan_of("training.resume.allow=[model.rope_theta,training.sed,nope]")
-    named = {e.key: e for e in plan.errors if e.key.startswith("training.resume.allow")}
-    assert sorted(named) == ["training.resume.allow[1]", "training.resume.allow[2]"], plan.errors
+    from orchestrator.launch.preflight import allow_problems
+
+    problems = allow_problems(typed(compose(["training.resume.allow=[model.rope_theta,training.sed,nope]"])))
+    named = {e.key: e for e in problems}
+    assert sorted(named) == ["training.resume.allow[1]", "training.resume.allow[2]"], problems
     assert named["training.resume.allow[1]"].fix == "did you mean training.seed?"
     assert "'nope'" in named["training.resume.allow[2]"].message and "training.seed" in named["training.resume.allow[2]"].fix
     plan = plan_of("+fabric.tiers=[{name:rack,size:8,gbps:50,latency_us:2},{name:pod,size:0,gbps:25,latency_us:-1}]")

@@ -2,9 +2,12 @@
 the checkpoint location, and whether a checkpoint found there may be resumed by this run."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import typing
 import uuid
+from functools import lru_cache
 from pathlib import Path
 
 from orchestrator.config.compose import to_dict
@@ -193,9 +196,40 @@ def resume_problems(spec: Config, url: str) -> list[Problem]:
             for k, m in ckpt.compatibility_problems(meta, to_dict(spec.model), to_dict(spec.training))]
 
 
+@lru_cache(maxsize=1)
+def resume_keys() -> tuple[str, ...]:
+    """What `training.resume.allow` may name: every model key (but its name) and the data stream's."""
+    from orchestrator.config.schema import ModelConfig
+
+    def leaves(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            t = hints[f.name]
+            inner = [a for a in typing.get_args(t) if a is not type(None)] if typing.get_origin(t) is typing.Union else [t]
+            t = inner[0] if len(inner) == 1 else t
+            yield from leaves(t, f"{prefix}{f.name}.") if dataclasses.is_dataclass(t) else [f"{prefix}{f.name}"]
+
+    return tuple(k for k in leaves(ModelConfig, "model.") if k != "model.name") + ckpt.DATA_KEYS
+
+
+def allow_problems(spec: Config) -> list[Problem]:
+    """training.resume.allow entries a resume does not check would allow nothing: named, by index."""
+    import difflib
+
+    known = list(resume_keys())
+    out = []
+    for i, k in enumerate(spec.training.resume.allow or []):
+        if k not in known:
+            near = difflib.get_close_matches(str(k), known, n=1)
+            out.append(Problem(f"training.resume.allow[{i}]", f"{k!r} is not a key a resume checks: it would allow "
+                               "nothing.", f"did you mean {near[0]}?" if near else
+                               f"name model keys (e.g. model.rope_theta) or {', '.join(known[-3:])}."))
+    return out
+
+
 def preflight(spec: Config, run_dir: Path) -> list[Problem]:
     """Everything a launcher checks before it starts or submits anything."""
-    problems = fault_problems(spec)
+    problems = fault_problems(spec) + allow_problems(spec)
     url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
     problems += location_problems(url, writes=spec.training.checkpoint.every > 0)
     if problems:

@@ -15,10 +15,7 @@ states them.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import typing
-from functools import lru_cache
 from typing import Any
 
 from orchestrator.config.errors import Problem
@@ -118,7 +115,6 @@ def check_values(spec: Config) -> list[Problem]:
         out.append(Problem("layout.stage_layers", f"{_entries(bad)} {verb} (whole numbers 0 .. 4096, one per "
                            "pipeline stage).",
                            "e.g. layout.stage_layers=[7,8,8,7], or leave it unset."))
-    out += _resume_allow_problems(spec)
     return out
 
 
@@ -140,39 +136,6 @@ def _tier_fields(t) -> list[str]:
     return bad
 
 
-@lru_cache(maxsize=1)
-def resume_keys() -> tuple[str, ...]:
-    """What `training.resume.allow` may name: every model key and the data stream's keys."""
-    from orchestrator.config.schema import ModelConfig
-    from orchestrator.rundir.checkpoints import DATA_KEYS
-
-    def leaves(cls, prefix):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            t = _optional_of(hints[f.name])
-            yield from leaves(t, f"{prefix}{f.name}.") if dataclasses.is_dataclass(t) else [f"{prefix}{f.name}"]
-
-    return tuple(k for k in leaves(ModelConfig, "model.") if k != "model.name") + DATA_KEYS
-
-
-def _optional_of(t):
-    args = [a for a in typing.get_args(t) if a is not type(None)] if typing.get_origin(t) is typing.Union else [t]
-    return args[0] if len(args) == 1 else t
-
-
-def _resume_allow_problems(spec: Config) -> list[Problem]:
-    import difflib
-
-    allow = spec.training.resume.allow or []
-    known = list(resume_keys())
-    out = []
-    for i, k in enumerate(allow):
-        if k not in known:
-            near = difflib.get_close_matches(str(k), known, n=1)
-            out.append(Problem(f"training.resume.allow[{i}]", f"{k!r} is not a key a resume checks: it would allow "
-                               "nothing.", f"did you mean {near[0]}?" if near else
-                               f"name model keys (e.g. model.rope_theta) or {', '.join(known[-3:])}."))
-    return out
 
 
 def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
