@@ -70,16 +70,17 @@ def expand(args: list[str], config_dir: str | None = None) -> list[list[str]]:
                                    "search the layouts.")])
     try:
         points = [point for batch in BasicSweeper.split_arguments(task, None) for point in batch]
-    except (ValueError, ArithmeticError, HydraException) as e:  # e.g. range(1,5,0): Hydra's own words, on the expression
+    except (ValueError, ArithmeticError, HydraException) as e:  # e.g. range(1,5,0): Hydra's words, on the expression
         bad = next((o for o in task if o.is_sweep_override() and _raises(o)), None)
+        why = "start, stop and step must be finite numbers" if isinstance(e, ArithmeticError) else e
         raise ConfigError([Problem(bad.get_key_element().lstrip("+~") if bad else "command line",
-                                   f"{bad.input_line if bad else ' '.join(args)!r}: "
-                                   f"{'start, stop and step must be finite numbers' if isinstance(e, ArithmeticError) else e}.",
+                                   f"{bad.input_line if bad else ' '.join(args)!r}: {why}.",
                                    "a range needs a non-zero step that goes from start towards stop: "
                                    "range(1,8,2), range(8,0,-2).")]) from None
     if not points:  # Hydra would launch nothing, silently: say which expression gave no value
         raise ConfigError([_no_point(o, parser) for o in task if o.is_sweep_override()
-                           and not list(o.sweep_string_iterator())])
+                           and not list(o.sweep_string_iterator())] or
+                          [Problem("command line", "the sweep has no point.", "give each swept key a value.")])
     return points
 
 
