@@ -119,3 +119,15 @@ def test_the_cli_sweeps_a_glob_over_a_sites_presets_and_refuses_an_interval(tmp_
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "[layout.tp]" in r.stderr and "INTERVAL_SWEEP" in r.stderr
     assert not (tmp_path / "interval" / "sweep").exists()  # refused before anything was written
+
+
+def test_a_sweep_without_multirun_is_refused_naming_its_key():
+    from orchestrator import compose
+    from orchestrator.config.errors import ConfigError
+
+    for override, key in (("layout.tp=1,2", "layout.tp"), ("hardware=glob(h*)", "hardware"),
+                          ("training.seq_len=range(64,256,64)", "training.seq_len")):
+        with pytest.raises(ConfigError) as e:
+            compose(["model=tiny", override])
+        (p,) = e.value.problems
+        assert p.key == key and "-m" in p.message and p.fix, p

@@ -194,6 +194,12 @@ def compose_problem(e: Exception, overrides: list[str]) -> Problem:
                        "check the option's name (orchestrate --help lists them).")
     if isinstance(e, OverrideParseException):
         return parse_problem(e)
+    if text.startswith(("Sweep parameters '", "Ambiguous value for argument '")):  # a sweep without -m
+        line = text.split("'")[1]
+        key = line.split("=", 1)[0].lstrip("+~")
+        return Problem(key, f"{line!r} is a sweep: it needs -m (--multirun).",
+                       f"sweep it with orchestrate -m ..., or give one value; a list is {key}=[a,b], a string with "
+                       f"a comma is quoted: {key}='a,b'.")
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError
 
     key = getattr(e, "full_key", None) or getattr(cause, "full_key", None)
