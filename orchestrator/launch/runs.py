@@ -223,9 +223,12 @@ def cancel(run_dir: Path) -> int:
     job = last_job(run_dir)
     if job is not None:
         try:
-            subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
+            r = subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60, capture_output=True, text=True)
+            failed = f"exit status {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}" if r.returncode else ""
         except (OSError, subprocess.TimeoutExpired) as e:
-            print(f"scancel {job['job_id']} failed ({type(e).__name__}: {e}): the job may still run", file=sys.stderr)
+            failed = f"{type(e).__name__}: {e}"
+        if failed:  # the run's status is left as it is: the job may still run
+            print(f"scancel {job['job_id']} failed ({failed}): the job may still run", file=sys.stderr)
             return EXIT_FAILED
         write_status(run_dir, state="cancelled", message=f"cancelled by the user (SLURM job {job['job_id']})")
         print(f"cancelled SLURM job {job['job_id']}")
