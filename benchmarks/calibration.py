@@ -25,12 +25,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.published.calibrate import evaluate, load_runs  # noqa: E402
-from orchestrator.plan.uncertainty import INTERVALS, build_table, coverage  # noqa: E402
+from orchestrator.plan.uncertainty import INTERVALS, coverage, coverage_by_regime, shipped_table  # noqa: E402
 
 
 def _mae(preds) -> tuple[int, float | None, int]:
     errs = [abs(p.error) for p in preds if p.error is not None]
     return len(errs), (100 * sum(errs) / len(errs) if errs else None), sum(e <= 0.05 for e in errs)
+
+
+def _thr(preds) -> float | None:
+    """Median |predicted / true throughput - 1| (%): MFU is throughput x FLOPs per token / peak, so
+    their ratio is the throughput's."""
+    import statistics
+
+    errs = [abs(p.predicted / p.truth - 1) for p in preds if p.predicted and p.truth]
+    return 100 * statistics.median(errs) if errs else None
 
 
 def _fmt(x) -> str:
@@ -56,7 +65,8 @@ def main() -> None:
         print(f"{a.row.name[:58]:<58} {a.row.family[:18]:<18} {a.row.use:<4} {lay[:26]:<26} "
               f"{_fmt(100 * a.truth if a.truth else None)} | {_fmt(100 * a.predicted if a.predicted else None):>9} "
               f"{_fmt(100 * la.predicted if la and la.predicted else None)}")
-    print("\nper source family: rows | in-sample MAE, leave-one-source-out MAE (MFU points)")
+    print("\nper source family: rows | in-sample MAE, leave-one-source-out MAE (MFU points) | median throughput "
+          "error in sample, leave one source out (%)")
     fams = sorted({r.family for r in rows})
     tot = {k: [] for k in ("ai", "al")}
     for fam in fams:
@@ -67,13 +77,14 @@ def main() -> None:
         n = len(sel(ev.after))
         use = {r.use for r in rows if r.family == fam}
         print(f"  {fam:<20} {n:>3} {'(eval only)' if use == {'eval'} else '':<11} | "
-              f"{_fmt(_mae(parts['ai'])[1])} {_fmt(_mae(parts['al'])[1])}")
+              f"{_fmt(_mae(parts['ai'])[1])} {_fmt(_mae(parts['al'])[1])} | {_fmt(_thr(parts['ai']))} "
+              f"{_fmt(_thr(parts['al']))}")
     print("  ---")
     for k, label in (("ai", "in sample"), ("al", "leave one source out")):
         n, mae, within = _mae(tot[k])
         if n:
             print(f"  {label:<32} mean absolute error {mae:.2f} points over {n} fitted-source rows, "
-                  f"{within} of {n} within 5 points")
+                  f"{within} of {n} within 5 points, median throughput error {_thr(tot[k]):.1f}%")
     if ev.after_loso:
         _intervals(ev, args.write_intervals)
     print("\nfitted: " + ", ".join(f"{k} {v:.3f}" for k, v in ev.params.items()))
@@ -82,7 +93,7 @@ def main() -> None:
 def _intervals(ev, write: bool) -> None:
     import json
 
-    table = build_table([p for ps in ev.after_loso.values() for p in ps])
+    table = shipped_table(ev.after_loso)
     cov = coverage(ev.after_loso)
     print("\n80% MFU interval coverage per source family (true MFU inside the interval of its leave-one-source-"
           "out prediction): shipped table | table without the family's own residuals")
@@ -92,6 +103,9 @@ def _intervals(ev, write: bool) -> None:
         print(f"  {fam:<20} {shipped:>3} of {n_iv:<3} | {nested:>3} of {n_iv:<3}")
     print(f"  {'all':<20} {tot[0]:>3} of {tot[2]:<3} | {tot[1]:>3} of {tot[2]:<3} "
           f"({100 * tot[0] / max(tot[2], 1):.0f}% | {100 * tot[1] / max(tot[2], 1):.0f}%)")
+    print("  per regime, the honest figure: " + ", ".join(
+        f"{k} {a} of {n} ({100 * a / max(n, 1):.0f}%)" for k, (a, n) in coverage_by_regime(ev.after_loso).items()))
+    print(f"  quantile level for an 80% interval on unseen families: {table['quantile_level']:.2f}")
     print("  groups (log residual quantiles, rows): " + ", ".join(
         f"{k} [{g['lo']:+.3f}, {g['hi']:+.3f}] {g['rows']}" for k, g in table["groups"].items()
         if g["rows"] >= table["min_rows"]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,9 @@ def main() -> None:
     from orchestrator.rundir.metrics import step_stats
 
     tmp = Path(tempfile.mkdtemp(prefix="probe_fit_"))
+    # the probe caches its measurement (plan/machine.py): here in a folder of this run's, so the
+    # user's cache stays as it was, and the stock column plans in an empty one
+    os.environ["ORCHESTRATOR_CACHE_DIR"] = str(tmp / "cache")
     base = to_dict(compose(["hardware=cpu"]))["hardware"]
     common = ["model=tiny", f"training.steps={args.steps}", "figures=false"]
     out = tmp / "hardware-site.yaml"
@@ -80,7 +84,9 @@ def main() -> None:
             continue
         med = step_stats(steps)["median_s"]
         meas = min(steps)
+        os.environ["ORCHESTRATOR_CACHE_DIR"] = str(tmp / "no-cache")
         stock = make_plan(compose(["hardware=cpu"] + common + lay)).step.wall_s
+        os.environ["ORCHESTRATOR_CACHE_DIR"] = str(tmp / "cache")
         parts = " ".join(f"{k} {v:.3f}" for k, v in plan.step.wall.items() if v > 0)
         prof = run / PROFILE_JSON
         profile = json.loads(prof.read_text()) if prof.exists() else None

@@ -9,7 +9,12 @@ each collective call's host time as the runtime issues it, the runtime's own mod
 parallelism, the cores' worth they get; K probes, each figure the quietest of them) and writes a
 site preset built on `hardware=cpu` with them, by
 default to outputs/probe/hardware-site.yaml under the working directory; its overrides are
-printed as one line too, so it can be used without copying it into conf/hardware/.
+printed as one line too, so it can be used without copying it into conf/hardware/. The
+measurement is also cached for this machine (host, CPU, cores, torch release) under
+$ORCHESTRATOR_CACHE_DIR, else $XDG_CACHE_HOME/orchestrator or ~/.cache/orchestrator, and every
+later `hardware=cpu` plan on this machine predicts with it (probe.on_this_machine; a key given
+on the command line still wins); without it, a hardware=cpu plan says its step is not a
+prediction for this machine and how to measure it.
 
 Each run directory holds the `plan.json` the run was launched with and its measured
 step times (`metrics.jsonl` / `metrics.json`, written by the runtime, or the TensorBoard
@@ -154,6 +159,7 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
     from omegaconf import OmegaConf
 
     from orchestrator.config.compose import compose, to_dict
+    from orchestrator.plan.machine import write_cache
     from orchestrator.probe import derive, probe, quietest, site_preset
 
     if not (2 <= ranks <= 8 and ranks % 2 == 0):
@@ -187,6 +193,11 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
     out.write_text(f"# Measured by orchestrate-calibrate --probe on {time.strftime('%Y-%m-%d %H:%M')} "
                    f"(orchestrator/probe.py); the rest is the cpu preset.\n" + OmegaConf.to_yaml(hw))
     print(f"wrote {out} (copy it to conf/hardware/site.yaml to select hardware=site)")
+    if measured["floored"]:
+        print("below the noise (measured difference under zero, zero in the preset): " + ", ".join(measured["floored"]))
+    cache = write_cache(hw, measured)
+    print(f"cached for this machine: {cache} (every hardware=cpu plan here now predicts with it; "
+          f"keys given on the command line still win)")
     print("use it as overrides:  " + " ".join(probe_overrides(hw, base)))
     return 0
 

@@ -40,8 +40,16 @@ import socket
 import time
 
 
-CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us", "cp_call_us",
-             "optimizer_us", "dtensor_optimizer_us", "pp_microbatch_us")
+from orchestrator.plan.machine import CALL_KEYS
+# The preset keys the probe measures directly and the raw figures each is (derive()'s `terms`
+# adds the derived call costs, DERIVED_FROM; tp_call_us and c10d_call_us are timed as they are).
+MEASURED_FROM = {
+    "peak_tflops": ("gemm_tflops",), "hbm_gbps": ("hbm_gbps",), "launch_overhead_us": ("layer_op_us",),
+    "intra_node_gbps": ("gloo.bus_gbps",), "inter_node_gbps": ("gloo.bus_gbps",),
+    "intra_node_latency_us": ("gloo.latency_us",), "inter_node_latency_us": ("gloo.latency_us",),
+    "host_cores": ("work_s", "gloo.work_s", "cores_allowed"),
+    "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
+}
 PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
 
 
@@ -295,11 +303,26 @@ def pipeline_calls(world: int) -> tuple[float, float]:
     return _best(step, repeat=5, number=1), float(stage_s)
 
 
+# Each derived term and the raw figures it comes from (probe()'s gloo figures and the runtime's
+# model times, MODEL_TIMES): derive() records them beside the terms, so a preset's term can be
+# traced to what was timed.
+DERIVED_FROM = {
+    "dtensor_op_us": ("model_ms.tp", "model_ms.plain", "tp_call_us", "c10d_call_us"),
+    "cp_call_us": ("model_ms.cp", "model_ms.plain_cp_tokens"),
+    "fsdp_gather_us": ("model_ms.fsdp_gathers", "model_ms.plain"),
+    "fsdp_reduce_us": ("model_ms.fsdp_synced", "model_ms.fsdp_gathers"),
+    "optimizer_us": ("model_ms.adam",),
+    "dtensor_optimizer_us": ("model_ms.adam_tp", "model_ms.adam"),
+    "pp_microbatch_us": ("model_ms.pipelined_step", "model_ms.slowest_stage", "c10d_call_us"),
+}
+
+
 def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
-             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> dict:
+             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
     """The per-op and per-call costs the model's measurements leave once the calls the cost model
     counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
-    results in microseconds, as the preset holds them)."""
+    results in microseconds, as the preset holds them), and the terms whose measured difference
+    came out below zero (noise larger than the cost: zero in the preset, and named)."""
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.overheads import parameter_tensors
     from orchestrator.plan.plan import shape_plan
@@ -312,18 +335,21 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
     n = len(st.layers)
     redistributes, loss = 8 * n + 2 * (st.embeds + st.outputs), 4  # as overheads.host_calls counts them
     params = parameter_tensors(st, shaped.mm)
-    seconds = {
-        "dtensor_op_us": max(tp_mb - whole - redistributes * tp_call - loss * c10d, 0.0) / kernels,
-        "cp_call_us": max(cp_mb - short, 0.0) / (4 * n),
+    # (difference, per what): each cost is the model's time less what is counted, per op, call,
+    # unit, tensor or micro-batch
+    raw = {
+        "dtensor_op_us": (tp_mb - whole - redistributes * tp_call - loss * c10d, kernels),
+        "cp_call_us": (cp_mb - short, 4 * n),
         # FSDP2's units: every block and the root (overheads.host_calls)
-        "fsdp_gather_us": max(gathers - whole, 0.0) / (n + 1), "fsdp_reduce_us": max(synced - gathers, 0.0) / (n + 1),
-        "optimizer_us": opt_plain / params, "dtensor_optimizer_us": max(opt_tp - opt_plain, 0.0) / params,
+        "fsdp_gather_us": (gathers - whole, n + 1), "fsdp_reduce_us": (synced - gathers, n + 1),
+        "optimizer_us": (opt_plain, params), "dtensor_optimizer_us": (opt_tp - opt_plain, params),
         # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace, a
         # send and a receive per micro-batch and direction (plan/overheads.py); the rest is the
         # schedule's and PipelineStage's own host time per micro-batch
-        "pp_microbatch_us": max(pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d, 0.0)
-        / PIPE_MICROBATCHES}
-    return {k: v * 1e6 for k, v in seconds.items()}
+        "pp_microbatch_us": (pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d,
+                             PIPE_MICROBATCHES)}
+    floored = sorted(k for k, (d, _) in raw.items() if d < 0)
+    return {k: max(d, 0.0) / per * 1e6 for k, (d, per) in raw.items()}, floored
 
 
 def collectives(ranks: int = 2) -> dict:
@@ -351,13 +377,19 @@ MODEL_TIMES = ("plain", "plain_cp_tokens", "tp", "cp", "fsdp_gathers", "fsdp_syn
 
 def derive(measured: dict) -> dict:
     """What the raw figures of a probe (or the quietest of several) give: the per-op and per-call
-    costs of the runtime's model beyond the calls counted (_derived), and the cores' worth."""
+    costs of the runtime's model beyond the calls counted (_derived), and the cores' worth; with
+    `terms` (each preset key the probe fills -> the raw figures it comes from) and `floored` (the
+    derived terms whose measured difference was below zero, set to zero)."""
     out = dict(measured)
     g = dict(measured["gloo"])
-    model = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
-                     *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
+    model, floored = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
+                              *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
     g.update(model)
     out["gloo"] = g
+    # Where each of the preset's measured terms comes from (the raw figures timed for it), and
+    # which came out below zero and stand at zero: the preset's record of what it measured.
+    out["terms"] = {**MEASURED_FROM, **{k: tuple("gloo." + f for f in v) for k, v in DERIVED_FROM.items()}}
+    out["floored"] = floored
     ranks, allowed = g["ranks"], measured["cores_allowed"]
     # The cores the ranks really get: the same work in `ranks` processes at once against one alone
     # (other load on the host takes its share; ranks beyond these share their time).
@@ -401,7 +433,9 @@ def quietest(results: list[dict]) -> dict:
 
 
 def site_preset(measured: dict, base: dict) -> dict:
-    """The `cpu` preset (`base`) with the measured components in place of its rough figures."""
+    """The `cpu` preset (`base`) with the measured components in place of its rough figures.
+    Every key the probe fills comes from the measured figures (KeyError naming the figure when
+    one is missing), never from a default."""
     g = measured["gloo"]
     # The calls were timed with the probe's ranks sharing the cores they got; the preset holds
     # them per uncontended core (the cost model scales them by each layout's own core share).
@@ -411,7 +445,7 @@ def site_preset(measured: dict, base: dict) -> dict:
               hbm_gbps=round(measured["hbm_gbps"], 3), intra_node_gbps=round(g["bus_gbps"], 3),
               inter_node_gbps=round(g["bus_gbps"], 3), intra_node_latency_us=round(g["latency_us"], 2),
               inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
-              launch_overhead_us=round(measured.get("layer_op_us", measured["op_overhead_us"]), 3),
+              launch_overhead_us=round(measured["layer_op_us"], 3),
               host_cores=float(measured["host_cores"]),
-              **{k: round(g.get(k, 0.0) / shared, 2) for k in CALL_KEYS})
+              **{k: round(g[k] / shared, 2) for k in CALL_KEYS})
     return hw

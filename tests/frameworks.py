@@ -20,6 +20,8 @@ STUBS = Path(__file__).resolve().parent / "framework_stubs"  # stand-ins for mod
 
 # folder name -> (the release itself, installed --no-deps; the light packages its code imports)
 RELEASES: dict[str, tuple[list[str], list[str]]] = {
+    # Megatron-Core's parallel_state (initialize_model_parallel, RankGenerator): tests/megatron_core.py
+    "megatron-core-0.16.1": (["megatron-core==0.16.1"], ["einops==0.8.1"]),
 }
 
 

@@ -1,5 +1,6 @@
 """Megatron-LM's layout rules, written down as Megatron states them, for the differential
-tests (test_megatron_rules.py, test_topology.py). Pure Python, independent of the planner.
+test (test_megatron_rules.py). Pure Python, independent of the planner. (The process groups
+themselves are checked against megatron-core's own code: tests/megatron_core.py.)
 
 Sources (NVIDIA/Megatron-LM main, d98e8a64dd; line numbers there):
   ps.py  = megatron/core/parallel_state.py (initialize_model_parallel, RankGenerator)
@@ -8,54 +9,13 @@ Sources (NVIDIA/Megatron-LM main, d98e8a64dd; line numbers there):
   sch.py = megatron/core/pipeline_parallel/schedules.py
   nmc.py = megatron/core/num_microbatches_calculator.py
 Each rule below is a predicate on one layout that is True when Megatron refuses it.
-Nothing here is copied from Megatron: the rank-group rule is written from its definition
-(a group = the ranks that agree on every coordinate outside the token's axes).
+Nothing here is copied from Megatron. The two rules on the rank order are Megatron-Core's own
+initialize_model_parallel, run by the test (tests/megatron_core.py) on each layout.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import prod
 from typing import Callable
-
-
-# ---- rank groups (ps.py RankGenerator.get_ranks / generate_masked_orthogonal_rank_groups) ----
-def rank_groups(order: str, sizes: dict[str, int], token: str) -> list[list[int]]:
-    """Every group of the axes named in `token` ("tp", "dp-cp", "tp-ep-pp") for the grid of
-    `sizes` laid out by `order` ("tp-cp-ep-dp-pp", first axis innermost): rank = sum of
-    coordinate x stride, stride = product of the sizes of the axes before it. Groups are listed
-    by their free coordinates, members by their own, the axis first in `order` fastest."""
-    axes = order.split("-")
-    want = set(token.split("-"))
-    strides, world = {}, 1
-    for a in axes:
-        strides[a] = world
-        world *= sizes[a]
-    masked = [a for a in axes if a in want]
-    free = [a for a in axes if a not in want]
-
-    def coords(index: int, names: list[str]) -> dict[str, int]:
-        out = {}
-        for a in names:  # mixed radix, first name fastest
-            out[a] = index % sizes[a]
-            index //= sizes[a]
-        return out
-
-    size = prod(sizes[a] for a in masked)
-    groups = []
-    for g in range(world // size):
-        base = sum(c * strides[a] for a, c in coords(g, free).items())
-        groups.append([base + sum(c * strides[a] for a, c in coords(j, masked).items()) for j in range(size)])
-    return groups
-
-
-def grids(world: int, tp: int, cp: int, pp: int, ep: int, etp: int | None) -> tuple[dict, dict]:
-    """The sizes of Megatron-Core's two generators (ps.py:859-896): the dense one (ep = 1) and
-    the expert one (etp in tp's slot, edp = world / (etp ep pp) in dp's slot, cp = 1)."""
-    etp = tp if etp is None else etp  # ps.py:871-872
-    dp = world // (tp * cp * pp)
-    edp = world // (etp * ep * pp)
-    return ({"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp},
-            {"tp": etp, "cp": 1, "ep": ep, "dp": edp, "pp": pp})
 
 
 # ---- one layout, in Megatron's terms ----
@@ -111,18 +71,11 @@ def _grid_ok(c: Case) -> bool:
     return c.world % (c.tp * c.cp * c.pp) == 0 and c.world % (c.etp_ * c.ep * c.pp) == 0
 
 
-def _rule8(c: Case) -> bool:
-    if not _grid_ok(c):
-        return False
-    dense, expert = grids(c.world, c.tp, c.cp, c.pp, c.ep, c.etp)
-    return not (c.order.endswith("pp") or c.pp == 1 or dense["dp"] == expert["dp"])
-
-
-def _rule9(c: Case) -> bool:
-    if not _grid_ok(c):
-        return False
-    dense, expert = grids(c.world, c.tp, c.cp, c.pp, c.ep, c.etp)
-    return rank_groups(c.order, dense, "pp") != rank_groups(c.order, expert, "pp")
+def _core_refuses(c: Case, says: str) -> bool:
+    """Megatron-Core's own initialize_model_parallel (run by the test on this layout's sizes and
+    order: c.extra["core"], its refusal or None) refused it, saying `says`. (Its two generators'
+    pipeline groups, compared by its RankGenerator whatever refused first: c.extra["core_pp_differ"].)"""
+    return says in (c.extra.get("core") or "")
 
 
 def _widths(c: Case) -> list[tuple[int, int]]:
@@ -147,9 +100,10 @@ RULES: list[Rule] = [
          lambda c: c.vp > 1 and c.pp == 1),
     Rule("world % (etp ep pp)", "ps.py:874-884 (RuntimeError)", ("layout.ep", "layout.etp"),
          lambda c: c.world % (c.etp_ * c.ep * c.pp) != 0),
-    Rule("order ends with pp, or pp == 1, or edp == dp", "ps.py:897-901 (AssertionError)", ("layout.order",),
-         _rule8, stacks=("megatron",)),
-    Rule("dense and expert pipeline groups agree", "ps.py:903-907 (AssertionError)", ("layout.order",), _rule9),
+    Rule("order ends with pp, or pp == 1, or edp == dp", "megatron-core 0.16.1 parallel_state.py:808-812, run",
+         ("layout.order",), lambda c: _core_refuses(c, "When not using pp-last rank ordering"), stacks=("megatron",)),
+    Rule("dense and expert pipeline groups agree", "megatron-core 0.16.1 parallel_state.py:775-817, run",
+         ("layout.order",), lambda c: bool(c.extra.get("core_pp_differ"))),
     Rule("ep > 1 needs experts", "args.py:1654-1658", ("layout.ep",), lambda c: c.ep > 1 and not c.experts),
     Rule("experts % ep", "args.py:1654-1658; moe_layer.py:186", ("layout.ep",),
          lambda c: bool(c.experts) and c.experts % c.ep != 0),

@@ -1,7 +1,8 @@
 """As strict as the frameworks, and no stricter (issue 18).
 
 A differential test: seeded random layouts, each judged by Megatron-LM's rules as Megatron
-states them (tests/megatron_ref.py, one predicate per rule with the line it mirrors) and by
+states them (tests/megatron_ref.py, one predicate per rule with the line it mirrors; the rules
+on the rank order by Megatron-Core's own initialize_model_parallel, run on every layout) and by
 the planner, in both directions: what Megatron refuses the planner refuses, naming the key;
 what Megatron accepts the planner accepts, unless a difference the project keeps on purpose
 explains it (INTENDED below, each with its reason). Then the same layouts under the torch
@@ -108,12 +109,31 @@ def _config(c: Case, stack: str):
              training=training, schedule=schedule)
 
 
+_CASES: list[Case] = []
+
+
+def _cases() -> list[Case]:
+    """The seeded layouts, each with Megatron-Core's own verdict on its sizes and order
+    (initialize_model_parallel, run once for all of them: tests/megatron_core.py)."""
+    if not _CASES:
+        import megatron_core
+
+        rng = random.Random(SEED)
+        cases = [_random_case(rng) for _ in range(N_LAYOUTS)]
+        verdicts = megatron_core.groups([(c.world, dict(tensor_model_parallel_size=c.tp, context_parallel_size=c.cp,
+                                                        pipeline_model_parallel_size=c.pp, expert_model_parallel_size=c.ep,
+                                                        expert_tensor_parallel_size=c.etp, order=c.order))
+                                         for c in cases], only_refusals=True)
+        for c, v in zip(cases, verdicts):
+            c.extra["core"], c.extra["core_pp_differ"] = v.get("refused"), v.get("pp_groups_differ", False)
+        _CASES.extend(cases)
+    return _CASES
+
+
 def _differential(stack: str):
-    rng = random.Random(SEED)
     stats = Counter()
     fired = Counter()
-    for _ in range(N_LAYOUTS):
-        c = _random_case(rng)
+    for c in _cases():
         stats["layouts"] += 1
         refused_by = refusals(c, stack)
         plan = make_plan(_config(c, stack))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conftest import plan_of, run_cli
 from orchestrator.plan.allocation import assign, choose, parse_topology, tree_conf
-from orchestrator.plan.hostlist import HostlistError, expand
+from orchestrator.plan.hostlist import HostlistError, compress, expand
 from orchestrator.plan.placement import achieved_tiers, place
 
 TWO_LEAVES = "SwitchName=leaf1 Nodes=node[1,3]\nSwitchName=leaf2 Nodes=node[2,4]\nSwitchName=spine Switches=leaf[1-2]\n"
@@ -26,6 +26,21 @@ def test_hostlists_expand_as_slurm_writes_them():
     for bad in ("node[1-", "node]", "node[3-1]", "node[x]", "node[1-2[3]]"):
         with pytest.raises(HostlistError):
             expand(bad)
+
+
+def test_a_host_list_is_written_compactly_and_names_the_same_hosts_in_the_same_order():
+    assert compress([f"node{i:04d}" for i in range(1, 1025)]) == "node[0001-1024]"  # a 1,024-node allocation
+    assert compress(["node1", "node2", "node3", "node7"]) == "node[1-3,7]"  # as SLURM writes it
+    assert compress(["gpu08-ib", "gpu09-ib", "gpu10-ib", "login"]) == "gpu[08-10]-ib,login"
+    assert compress(["n3"]) == "n3"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["n", "gpu", "r1n"]), st.integers(0, 120), st.sampled_from([0, 3])),
+                min_size=1, max_size=40, unique=True))
+def test_compress_then_expand_gives_the_hosts_back(hosts):
+    names = list(dict.fromkeys(f"{p}{str(i).zfill(w)}" for p, i, w in hosts))
+    assert expand(compress(names)) == names
 
 
 @settings(max_examples=100, deadline=None)

@@ -212,22 +212,32 @@ MOE_TINY = ["hardware=cpu", "model=tiny", "model.moe.experts=8", "model.moe.expe
             "model.moe.expert_ffn_hidden=64", "hardware.gpu_memory_gb=100", "training.global_batch=16"]
 
 
-def _megatron_groups(order: str, world: int, tp: int, cp: int, pp: int, ep: int, etp: int | None) -> dict:
-    """Megatron-Core's groups (initialize_model_parallel's two generators), from tests/megatron_ref.py."""
-    from megatron_ref import grids, rank_groups
+MEGATRON_CASES = [
+    ("tp-cp-ep-dp-pp", 2, 2, 2, 4, 1),  # Megatron's default order; EP spans the dense tp x cp block
+    ("tp-cp-ep-pp-dp", 2, 2, 2, 4, 1),  # --use-tp-pp-dp-mapping (edp = dp, so pp need not be last)
+    ("tp-cp-ep-dp-pp", 2, 1, 2, 2, None),  # etp = tp: EP carves the dense dp axis
+    ("tp-cp-ep-dp-pp", 1, 2, 1, 8, None),  # EP over dp x cp (DeepSeek-style), no pipeline
+    ("ep-tp-dp-cp-pp", 2, 2, 2, 2, 2),  # any order initialize_model_parallel accepts
+    ("tp-ep-cp-dp-pp", 4, 2, 1, 4, 2),
+]
 
-    dense, expert = grids(world, tp, cp, pp, ep, etp)
-    return {
-        # dense generator: ps.py:859-868, tokens as initialize_model_parallel asks for them
-        ("dense", "tp"): rank_groups(order, dense, "tp"), ("dense", "cp"): rank_groups(order, dense, "cp"),
-        ("dense", "dp"): rank_groups(order, dense, "dp"), ("dense", "pp"): rank_groups(order, dense, "pp"),
-        ("dense", "dp-cp"): rank_groups(order, dense, "dp-cp"),
-        # expert generator: ps.py:887-896 (etp in tp's slot, edp in dp's)
-        ("expert", "ep"): rank_groups(order, expert, "ep"), ("expert", "etp"): rank_groups(order, expert, "tp"),
-        ("expert", "edp"): rank_groups(order, expert, "dp"), ("expert", "pp"): rank_groups(order, expert, "pp"),
-        ("expert", "etp-ep"): rank_groups(order, expert, "tp-ep"),
-        ("expert", "etp-ep-pp"): rank_groups(order, expert, "tp-ep-pp"),
-    }
+
+@pytest.fixture(scope="module")
+def megatron_core_groups() -> dict:
+    """Megatron-Core's own groups for MEGATRON_CASES on a world of 16, from one run of its
+    initialize_model_parallel (tests/megatron_core.py): token -> groups, as the plan names them."""
+    import megatron_core
+
+    cases = [(16, dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+                       expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=order))
+             for order, tp, cp, pp, ep, etp in MEGATRON_CASES]
+    out = {}
+    for case, made in zip(MEGATRON_CASES, megatron_core.groups(cases)):
+        assert "refused" not in made, (case, made)
+        out[case] = {**{("dense", t): made[d] for t, d in megatron_core.DENSE.items()},
+                     **{("expert", t): made[d] for t, d in megatron_core.EXPERT.items()},
+                     ("expert", "pp"): made["PIPELINE_MODEL_PARALLEL_GROUP"]}
+    return out
 
 
 def _plan_groups(plan) -> dict:
@@ -244,28 +254,8 @@ def _same(a: list[list[int]], b: list[list[int]]) -> bool:
     return sorted(map(sorted, a)) == sorted(map(sorted, b))
 
 
-def test_megatron_reference_reproduces_megatrons_own_groups():
-    """Anchor: world 16, tp2 cp2 pp2 (dp2), ep4 etp1 (edp2), order tp-cp-ep-dp-pp, as Megatron-Core's
-    generate_masked_orthogonal_rank_groups gives them."""
-    g = _megatron_groups("tp-cp-ep-dp-pp", 16, 2, 2, 2, 4, 1)
-    assert g[("expert", "ep")] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
-    assert g[("expert", "etp")] == [[r] for r in range(16)]
-    assert g[("expert", "edp")] == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]
-    assert g[("expert", "etp-ep-pp")] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
-    assert g[("dense", "cp")] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
-    assert g[("dense", "dp-cp")] == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
-    assert g[("dense", "pp")] == g[("expert", "pp")] == [[i, i + 8] for i in range(8)]
-
-
-@pytest.mark.parametrize("order,tp,cp,pp,ep,etp", [
-    ("tp-cp-ep-dp-pp", 2, 2, 2, 4, 1),  # Megatron's default order; EP spans the dense tp x cp block
-    ("tp-cp-ep-pp-dp", 2, 2, 2, 4, 1),  # --use-tp-pp-dp-mapping (edp = dp, so pp need not be last)
-    ("tp-cp-ep-dp-pp", 2, 1, 2, 2, None),  # etp = tp: EP carves the dense dp axis
-    ("tp-cp-ep-dp-pp", 1, 2, 1, 8, None),  # EP over dp x cp (DeepSeek-style), no pipeline
-    ("ep-tp-dp-cp-pp", 2, 2, 2, 2, 2),  # any order initialize_model_parallel accepts
-    ("tp-ep-cp-dp-pp", 4, 2, 1, 4, 2),
-])
-def test_expert_and_dense_groups_match_megatron_core(order, tp, cp, pp, ep, etp):
+@pytest.mark.parametrize("order,tp,cp,pp,ep,etp", MEGATRON_CASES)
+def test_expert_and_dense_groups_match_megatron_core(order, tp, cp, pp, ep, etp, megatron_core_groups):
     world = 16
     overrides = [*MOE_TINY, "cluster.nodes=4", f"layout.tp={tp}", f"layout.cp={cp}", f"layout.pp={pp}",
                  f"layout.ep={ep}", f"layout.order={order}", "layout.allow_cross_node_tp=true"]
@@ -273,7 +263,7 @@ def test_expert_and_dense_groups_match_megatron_core(order, tp, cp, pp, ep, etp)
     overrides.append(f"layout.etp={tp if etp is None else etp}")
     plan = plan_of(*overrides)
     assert plan.valid, [str(e) for e in plan.errors]
-    want = _megatron_groups(order, world, tp, cp, pp, ep, etp)
+    want = megatron_core_groups[(order, tp, cp, pp, ep, etp)]
     got = _plan_groups(plan)
     for key, groups in want.items():
         assert _same(got[key], groups), (key, got[key], groups)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import megatron_core
 from conftest import ROOT, failovers, golden, losses_by_step, plan_of
-from megatron_ref import grids, rank_groups
 
 
 SMALL = ["hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=4", "training.global_batch=64", "launcher=slurm"]
@@ -79,6 +79,15 @@ def _preview(cli, trainer: str) -> str:
     assert r.returncode == 0, r.stderr[-3000:]
     srun = (cli.dir / "slurm" / "preview.srun").read_text()
     assert srun.strip() in r.stdout  # shown, not only written
+    assert "--nodelist=<node[1-1024]> " in srun  # 1,024 nodes as SLURM writes a host list
+    env = r.stdout.split("each rank's environment", 1)[1]
+    for shown in ("MASTER_ADDR=<node1>", "WORLD_SIZE=8192", "LOCAL_WORLD_SIZE=8", "LOCAL_RANK=$SLURM_LOCALID",
+                  f"ORCH_PLAN={cli.dir}/plan.json", "RANK=the rank placed on GPU SLURM_NODEID x 8 + SLURM_LOCALID"):
+        assert shown in env, (shown, env)
+    if trainer == "megatron":  # Megatron-FSDP: the variable Megatron refuses at 1 is taken out
+        assert "CUDA_DEVICE_MAX_CONNECTIONS removed (unset)" in env
+    else:
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
     return srun.split(" -- ", 1)[1].replace(str(cli.dir), "RUN")
 
 
@@ -111,11 +120,15 @@ def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(c
 def test_megatron_names_are_cited_and_match_its_source():
     from orchestrator.frameworks import megatron, trainers
 
-    for extra in ([], ["model=tiny_moe", "layout.ep=4", "layout.zero=1",
-                       "training.recompute=full", "training.recompute_layers=2", "layout.pp=2"]):
-        p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "training.checkpoint.every=10", *extra)
-        names = {a.split("=")[0] for a in trainers.argv(p.to_json(), Path("/RUN")) if a.startswith("--")}
-        assert names <= set(megatron.CITED), names - set(megatron.CITED)
+    rendered = set()
+    for case in ([*SMALL, "layout.tp=2"], [*SMALL, "layout.tp=2", "model=tiny_moe", "layout.ep=4", "layout.zero=1",
+                                           "training.recompute=full", "training.recompute_layers=2", "layout.pp=2"],
+                 [*SMALL, "layout.zero=3"], ["recipe=deepseek_v3", "schedule=1f1b", "launcher=slurm"]):
+        p = plan_of(*case, "trainer=megatron", "training.checkpoint.every=10")
+        assert p.valid, p.errors
+        rendered |= {a.split("=")[0] for a in trainers.argv(p.to_json(), Path("/RUN")) if a.startswith("--")}
+    assert rendered <= set(megatron.CITED), rendered - set(megatron.CITED)
+    assert {"--multi-latent-attention", "--moe-router-num-groups", "--mtp-num-layers", "--ckpt-format"} <= rendered
     root = os.environ.get("MEGATRON_LM")
     if not root:
         pytest.skip(f"set MEGATRON_LM to a Megatron-LM checkout at {megatron.COMMIT[:10]} to check the citations")
@@ -232,28 +245,51 @@ def test_torchtitan_groups_from_rank_are_the_plans(extra):
         assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
 
 
-@pytest.mark.parametrize("extra", LAYOUTS[:4] + [["model=tiny_moe", "layout.ep=4",
-                                                   "layout.tp=2", "layout.pp=2", "layout.zero=1"]],
-                         ids=lambda e: " ".join(e))
-def test_megatron_groups_from_rank_are_the_plans(extra):
-    """Megatron's RankGenerator from the rendered sizes and its order ('tp-cp-ep-pp-dp' when
-    --use-tp-pp-dp-mapping is rendered, initialize.py:395), as tests/megatron_ref.py ports it."""
-    from orchestrator.frameworks.trainers import argv, rank_map
+MEGATRON = LAYOUTS[:4] + [["layout.tp=2", "layout.dp_shard=2", "layout.zero=1"],
+                          ["model=tiny_moe", "layout.ep=4", "layout.tp=2", "layout.pp=2", "layout.zero=1"]]
+EXPERT_ORDERS = [["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
+                 ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
+                 ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]]
 
-    p = plan_of(*SMALL, "trainer=megatron", *extra)
-    assert p.valid, p.errors
+
+@pytest.fixture(scope="module")
+def megatron_groups() -> dict:
+    """Every Megatron plan of this file -> (plan, Megatron-Core's groups of RANKs), from one run of
+    megatron-core's own initialize_model_parallel (tests/megatron_core.py) on the rendered sizes and
+    the order Megatron-LM passes it ('tp-cp-ep-pp-dp' with --use-tp-pp-dp-mapping, initialize.py:395)."""
+    from orchestrator.frameworks.trainers import argv
+
+    keys = [tuple(e) for e in MEGATRON] + [("model=tiny_moe", *e) for e in EXPERT_ORDERS]
+    plans, cases = [], []
+    for key in keys:
+        p = plan_of(*SMALL, "trainer=megatron", *key)
+        assert p.valid, (key, p.errors)
+        f = flags(argv(p.to_json(), Path("/RUN")))
+        plans.append(p)
+        cases.append((p.world_size, megatron_core.kwargs_of(f, "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f
+                                                            else "tp-cp-ep-dp-pp")))
+    return dict(zip(keys, zip(plans, megatron_core.groups(cases))))
+
+
+@pytest.mark.parametrize("extra", MEGATRON, ids=lambda e: " ".join(e))
+def test_megatron_cores_own_groups_from_rank_are_the_plans(extra, megatron_groups):
+    """Megatron-Core's tensor, context, data (and, with copies of the distributed optimizer, the
+    shard), pipeline and expert groups, built by its own code from the RANK each GPU is given,
+    are the plan's groups on the plan's GPUs."""
+    from orchestrator.frameworks.trainers import rank_map
+
+    p, g = megatron_groups[tuple(extra)]
+    assert "refused" not in g, g
     pj = p.to_json()
-    args = argv(pj, Path("/RUN"))
-    f = flags(args)
-    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
-    tp, cp, pp = (int(f[f"--{k}-size"]) for k in ("tensor-model-parallel", "context-parallel", "pipeline-model-parallel"))
-    ep, etp = int(f.get("--expert-model-parallel-size", 1)), int(f.get("--expert-tensor-parallel-size", tp))
-    dense, expert = grids(p.world_size, tp, cp, pp, ep, etp)
-    _check(pj, {a: rank_groups(order, dense, a) for a in ("tp", "cp", "dp", "pp")}, p.spec.hardware.gpus_per_node)
-    if ep > 1:
+    ours = {a: g[megatron_core.DENSE[a]] for a in ("tp", "cp", "dp", "pp")}
+    if pj["layout"]["dp_replicate"] > 1:  # --num-distributed-optimizer-instances: the shard group inside a copy
+        ours["dps"] = g["INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"]
+    _check(pj, ours, p.spec.hardware.gpus_per_node)
+    if p.layout.ep > 1:
         pos = {r: q for q, r in enumerate(rank_map(pj))}
-        mine = {frozenset(pos[r] for r in g) for g in rank_groups(order, expert, "ep")}
-        assert mine == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+        for axis in ("ep", "etp", "edp"):
+            theirs = {frozenset(pos[r] for r in grp) for grp in g[megatron_core.EXPERT[axis]]}
+            assert theirs == {frozenset(x) for x in p.expert_grid().groups(axis).tolist()}, axis
 
 
 # ---- the example under trainer=command, through a node loss ---------------------------------
@@ -346,18 +382,17 @@ def test_an_srun_task_gets_torchruns_environment_and_its_placed_rank(tmp_path):
                        "ORCH_RUN_DIR": str(tmp_path)}
 
 
-def _standin_expert_groups(p, trainer: str) -> set:
+def _framework_expert_groups(p, trainer: str, request) -> set:
     """The framework's EP groups from RANK (torchtitan: pd.py _build_mesh_with_ep with etp=1;
-    Megatron: its expert RankGenerator, megatron_ref.grids), as positions on the plan's GPUs."""
-    from orchestrator.frameworks.trainers import argv, rank_map
+    Megatron: megatron-core's own initialize_model_parallel), as positions on the plan's GPUs."""
+    from orchestrator.frameworks.trainers import rank_map
 
     pj = p.to_json()
-    f, lay = flags(argv(pj, Path("/RUN"))), pj["layout"]
+    lay = pj["layout"]
     pos = {r: q for q, r in enumerate(rank_map(pj))}
     if trainer == "megatron":
-        order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
-        _, expert = grids(p.world_size, lay["tp"], lay["cp"], lay["pp"], lay["ep"], lay["etp"])
-        groups = rank_groups(order, expert, "ep")
+        key = next(k for k, (q, _) in request.getfixturevalue("megatron_groups").items() if q is p)
+        groups = request.getfixturevalue("megatron_groups")[key][1][megatron_core.EXPERT["ep"]]
     else:
         tp, cp, ep, shard = lay["tp"], lay["cp"], lay["ep"], lay["dp_shard"]
         inner = ep // (cp * tp)
@@ -367,19 +402,119 @@ def _standin_expert_groups(p, trainer: str) -> set:
 
 
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
-def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli):
+def test_an_order_whose_expert_groups_the_framework_cannot_build_is_refused(trainer, cli, request):
     from orchestrator.frameworks.trainers import placement_problems
 
     seen = set()
-    for extra in (["layout.ep=4", "layout.tp=2"], ["layout.ep=2", "layout.tp=2", "layout.pp=2"],
-                  ["layout.ep=4", "layout.tp=2", "layout.order=[ep,tp,cp,dp,pp]"],
-                  ["layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]"]):
-        p = plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra)
+    for extra in EXPERT_ORDERS:
+        p = (request.getfixturevalue("megatron_groups")[("model=tiny_moe", *extra)][0] if trainer == "megatron"
+             else plan_of(*SMALL, "model=tiny_moe", f"trainer={trainer}", *extra))
         assert p.valid, p.errors
-        same = _standin_expert_groups(p, trainer) == {frozenset(g) for g in p.expert_grid().groups("ep").tolist()}
+        same = _framework_expert_groups(p, trainer, request) == {frozenset(g) for g in
+                                                                 p.expert_grid().groups("ep").tolist()}
         assert bool(placement_problems(p)) == (not same), extra
         seen.add(same)
     assert seen == {True, False}
     r = cli(*SMALL, "model=tiny_moe", f"trainer={trainer}", "layout.ep=8", "layout.tp=2", "layout.order=[tp,dp,ep,pp]",
             "launcher.submit=false", "figures=false")
     assert r.returncode == 2 and "[layout.order, layout.ep]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---- what Megatron-LM's validate_args ties to the rank's environment and to the flags ---------
+ENV_KEYS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_DEVICE_MAX_CONNECTIONS"]
+_SHOW = f"import os, json; print(json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
+
+
+@pytest.mark.parametrize("extra,connections", [
+    (["layout.tp=2"], "1"),  # TP before Blackwell: 1 (arguments.py:1452-1479)
+    (["layout.tp=1", "layout.cp=2", "training.seq_len=8192"], "1"),  # CP likewise
+    (["layout.tp=2", "layout.zero=3"], None),  # Megatron-FSDP refuses 1 (arguments.py:1166): removed
+    (["layout.tp=1"], "inherited"),  # nothing asked: the job's own value stays
+])
+def test_megatron_ranks_get_the_cuda_connections_megatron_validates_locally_and_under_srun(tmp_path, extra,
+                                                                                         connections):
+    import json
+    import subprocess
+
+    from orchestrator.launch.trainers import TrainerJob
+
+    p = plan_of(*SMALL, "trainer=megatron", *extra)
+    assert p.valid, p.errors
+    pj = p.to_json()
+    want = "inherited" if connections == "inherited" else connections
+    # under srun: the task wrapper, from SLURM's environment, the job's own value set to 1
+    (tmp_path / "plan.json").write_text(json.dumps(pj))
+    env = dict(os.environ, SLURM_PROCID="9", SLURM_NTASKS="32", SLURM_NNODES="4", SLURM_NODEID="1", SLURM_LOCALID="1",
+               PYTHONPATH=str(ROOT), CUDA_DEVICE_MAX_CONNECTIONS="inherited")
+    r = subprocess.run([sys.executable, "-m", "orchestrator.launch.trainers", str(tmp_path), "--", "python", "-c",
+                        _SHOW], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["CUDA_DEVICE_MAX_CONNECTIONS"] == want
+    # locally: the same command line for a 2-GPU attempt of the same plan's trainer section
+    pj["config"]["trainer"]["command"] = f'python -c "{_SHOW}"'
+    pj["config"]["trainer"]["args"] = []
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "plan.json").write_text(json.dumps(pj))
+    job = TrainerJob(local, nodes=1, gpus_per_node=2, env={"CUDA_DEVICE_MAX_CONNECTIONS": "inherited"}, echo=False)
+    job.start()
+    assert job.wait(timeout=60).ok
+    for name in job.names:
+        got = json.loads((local / "logs" / f"{name}.log").read_text().splitlines()[0])
+        assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == want and got["WORLD_SIZE"] == "2"
+
+
+def test_megatron_fsdp_saves_in_its_own_format_and_the_other_shardings_in_megatrons_default():
+    from orchestrator.frameworks.trainers import argv
+
+    for zero, fmt in ((0, None), (1, None), (2, "fsdp_dtensor"), (3, "fsdp_dtensor")):
+        p = plan_of(*SMALL, "trainer=megatron", "layout.tp=8", f"layout.zero={zero}", "training.checkpoint.every=10")
+        assert p.valid, (zero, p.errors)
+        f = flags(argv(p.to_json(), Path("/RUN")))
+        assert f.get("--ckpt-format") == fmt and ("--use-megatron-fsdp" in f) == (zero >= 2), zero
+
+
+def test_deepseek_v3_renders_mla_moe_and_mtp_for_megatron_and_dualpipe_names_a_schedule_it_has():
+    from orchestrator.frameworks.trainers import argv
+
+    p = plan_of("recipe=deepseek_v3", "trainer=megatron", "launcher=slurm")  # DualPipe
+    assert [e.fix for e in p.errors if e.key == "schedule.name"][0].startswith("use schedule=1f1b"), p.errors
+    p = plan_of("recipe=deepseek_v3", "trainer=megatron", "launcher=slurm", "schedule=interleaved_1f1b")
+    assert p.valid, p.errors
+    m = p.spec.model
+    f = flags(argv(p.to_json(), Path("/RUN")))
+    assert "--multi-latent-attention" in f
+    assert (f["--q-lora-rank"], f["--kv-lora-rank"], f["--qk-head-dim"], f["--qk-pos-emb-head-dim"],
+            f["--v-head-dim"]) == tuple(str(x) for x in (m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.qk_nope_head_dim,
+                                                          m.mla.qk_rope_head_dim, m.mla.v_head_dim))
+    assert (f["--num-experts"], f["--moe-router-topk"], f["--moe-ffn-hidden-size"]) == ("256", "8", "2048")
+    assert f["--moe-layer-freq"] == "([0]*3+[1]*58)" and f["--moe-shared-expert-intermediate-size"] == "2048"
+    assert f["--moe-router-score-function"] == "sigmoid" and "--moe-router-enable-expert-bias" in f
+    assert "--moe-grouped-gemm" in f and f["--moe-token-dispatcher-type"] == "alltoall"
+    # node-limited routing: EP 64 spans 8 nodes of 8, each token reaches at most 4 of them
+    assert (f["--moe-router-num-groups"], f["--moe-router-group-topk"]) == ("8", "4")
+    assert f["--expert-model-parallel-size"] == "64" and f["--mtp-num-layers"] == "1"
+    stages = f["--pipeline-model-parallel-layout"].split("|")
+    assert stages[-1].endswith("mL")  # the MTP module after the last layer, before the loss
+
+
+def test_what_megatron_lm_refuses_in_the_router_is_refused_before_launch():
+    p = plan_of(*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "trainer=megatron", "model.moe.score=softmax")
+    assert [e.key for e in p.errors] == ["model.moe.bias_update_speed, model.moe.score"], p.errors
+    assert plan_of(*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2", "trainer=megatron",
+                   "model.moe.score=softmax", "model.moe.bias_update_speed=0").valid
+    # EP 20 over nodes of 8 spans 3 nodes: Megatron's 3 routing groups do not divide 20 experts
+    p = plan_of(*SMALL, "cluster.nodes=5", "training.global_batch=80", "model=tiny_moe", "layout.ep=20", "layout.tp=2",
+                "trainer=megatron",
+                "model.moe.experts=20", "model.moe.max_nodes_per_token=1")
+    assert [e.key for e in p.errors] == ["model.moe.max_nodes_per_token"], p.errors
+
+
+def test_a_rope_base_megatron_cannot_parse_is_refused_and_an_integral_one_rendered_as_an_integer():
+    from orchestrator.frameworks.trainers import argv
+
+    p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "model.rope_theta=1e6")
+    assert p.valid, p.errors
+    assert flags(argv(p.to_json(), Path("/RUN")))["--rotary-base"] == "1000000"  # argparse type=int
+    p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "model.rope_theta=12345.5")
+    assert [e.key for e in p.errors] == ["model.rope_theta"] and "12346" in p.errors[0].fix

@@ -162,6 +162,11 @@ class HardwareConfig:
     # cost.attention_efficiency describes (cuDNN / FlashAttention-3 on Hopper), for stacks that
     # run FA2 (stack.attention_kernel=flash2). 1 where FA2 is that kernel (Ampere).
     flash2_speed: float = 1.0
+    # Board power (W): the datasheet's maximum (TDP) and the cap the site runs at, where a source
+    # states one (None: at TDP). A GPU capped below its TDP clocks its tensor cores down, and its
+    # GEMMs and attention slow with the clock (plan/kernels.clock_fraction).
+    tdp_w: Optional[float] = None
+    power_cap_w: Optional[float] = None
 
 
 @dataclass

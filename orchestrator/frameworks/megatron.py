@@ -40,8 +40,22 @@ CITED = {
     "--num-experts": f"{ARGS}:3518", "--moe-router-topk": f"{TC}:760", "--moe-ffn-hidden-size": f"{TC}:740",
     "--moe-shared-expert-intermediate-size": f"{TC}:701", "--fp8-format": f"{TC}:587",
     "--overlap-grad-reduce": f"{ARGS}:3121", "--overlap-param-gather": f"{ARGS}:3148",
-    "--num-distributed-optimizer-instances": f"{ARGS}:3216",
+    "--num-distributed-optimizer-instances": f"{ARGS}:3216", "--ckpt-format": f"{TRC}:486",
+    "--disable-bias-linear": f"{TC}:212", "--moe-layer-freq": f"{ARGS}:3520", "--moe-grouped-gemm": f"{TC}:850",
+    "--moe-token-dispatcher-type": f"{TC}:891", "--moe-router-score-function": f"{TC}:808",
+    "--moe-router-pre-softmax": f"{TC}:799", "--moe-router-topk-scaling-factor": f"{TC}:804",
+    "--moe-router-enable-expert-bias": f"{TC}:816", "--moe-router-bias-update-rate": f"{TC}:821",
+    "--moe-router-load-balancing-type": f"{ARGS}:3532", "--moe-aux-loss-coeff": f"{ARGS}:3536",
+    "--moe-router-num-groups": f"{TC}:780", "--moe-router-group-topk": f"{TC}:796",
+    "--multi-latent-attention": f"{TC}:288", "--q-lora-rank": f"{ARGS}:3548", "--kv-lora-rank": f"{ARGS}:3550",
+    "--qk-head-dim": f"{ARGS}:3552", "--qk-pos-emb-head-dim": f"{ARGS}:3554", "--v-head-dim": f"{ARGS}:3556",
+    "--mtp-num-layers": f"{TC}:68", "--position-embedding-type": f"{ARGS}:2397", "--rotary-base": f"{ARGS}:2418",
+    "--normalization": f"{TC}:256",
 }
+# What each rank's environment must hold (validate_args, arguments.py): with TP or CP, before
+# Blackwell, CUDA_DEVICE_MAX_CONNECTIONS=1 unless an FSDP runs (1452-1479; from Blackwell on 1 is
+# no longer required but still accepted); Megatron-FSDP refuses 1 (1166-1167): unset it there.
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP (arguments.py:3190)
 
 
@@ -60,14 +74,51 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"(dp {layout.dp} / dp_shard {layout.dp_shard}); Megatron-LM keeps copies of the "
                            f"distributed optimizer only (--num-distributed-optimizer-instances, zero=1).",
                            "leave layout.dp_shard unset, or set layout.zero=1."))
-    if spec.model.mla.kv_lora_rank:
-        out.append(Problem("model.mla", "the rendering has no MLA arguments.", "put them in trainer.args, or use "
-                           "trainer=command."))
+    mla, moe = spec.model.mla, spec.model.moe
+    if spec.model.rope_theta != int(spec.model.rope_theta):
+        out.append(Problem("model.rope_theta", f"Megatron-LM's --rotary-base is an integer (arguments.py:2418); "
+                           f"rope_theta={spec.model.rope_theta}.", f"use model.rope_theta={round(spec.model.rope_theta)}."))
+    if mla.kv_lora_rank and not (mla.q_lora_rank and mla.qk_rope_head_dim and mla.qk_nope_head_dim
+                                 and mla.v_head_dim):
+        out.append(Problem("model.mla", f"Megatron-LM's MLA takes every rank and head width (q_lora_rank "
+                           f"{mla.q_lora_rank}, qk_rope_head_dim {mla.qk_rope_head_dim}, qk_nope_head_dim "
+                           f"{mla.qk_nope_head_dim}, v_head_dim {mla.v_head_dim}).",
+                           "set all of model.mla (DeepSeek-V3: 1536, 512, 64, 128, 128)."))
+    if moe.experts and moe.score.value == "softmax" and moe.bias_update_speed:
+        out.append(Problem("model.moe.bias_update_speed, model.moe.score", f"Megatron-LM's auxiliary-loss-free "
+                           f"expert bias takes sigmoid gates only (transformer_config.py:2617-2624); score=softmax "
+                           f"with bias_update_speed={moe.bias_update_speed}.",
+                           "set model.moe.bias_update_speed=0 with softmax, or model.moe.score=sigmoid."))
+    groups = _route_groups(spec.model.moe.experts, layout.ep, spec.hardware.gpus_per_node,
+                           moe.max_nodes_per_token)
+    if groups and moe.experts % groups:
+        out.append(Problem("model.moe.max_nodes_per_token", f"Megatron-LM limits routing to "
+                           f"{moe.max_nodes_per_token} of the {groups} nodes an expert group spans by dividing "
+                           f"the {moe.experts} experts into {groups} groups (--moe-router-num-groups, "
+                           f"transformer_config.py:2682); they do not divide.",
+                           "set model.moe.max_nodes_per_token=0, or an ep whose node count divides the experts."))
     if spec.training.precision in (Precision.mxfp8, Precision.nvfp4):
         out.append(Problem("training.precision", f"the rendering has no {spec.training.precision.value} "
                            f"arguments (it writes --fp8-format=hybrid for fp8).", "put Megatron-LM's recipe "
                            "arguments in trainer.args with training.precision=fp8, or use trainer=command."))
     return out
+
+
+def _route_groups(experts: int, ep: int, gpus_per_node: int, max_nodes: int) -> int:
+    """Node-limited routing in Megatron's terms: --moe-router-num-groups = the nodes one expert
+    group spans (transformer_config.py:780-796), 0 when the limit binds nothing."""
+    nodes = -(-ep // gpus_per_node)
+    return nodes if experts and max_nodes and nodes > max_nodes else 0
+
+
+def env(plan_json: dict) -> dict[str, str | None]:
+    """The variables every rank gets beyond torchrun's (None: removed from the rank's environment)."""
+    lay = plan_json["layout"]
+    if lay["zero"] >= 2:
+        return {CONNECTIONS: None}
+    if lay["tp"] > 1 or lay["cp"] > 1:
+        return {CONNECTIONS: "1"}
+    return {}
 
 
 def order_of(plan_json: dict) -> str:
@@ -76,11 +127,12 @@ def order_of(plan_json: dict) -> str:
     return "tp-cp-ep-pp-dp" if order.index("pp") < order.index("dp") else "tp-cp-ep-dp-pp"
 
 
-def _layout_string(counts: list[int]) -> str:
-    """--pipeline-model-parallel-layout: 'E' embedding, 't' per layer, 'L' loss, '|' between
-    virtual stages, stage j on rank j % pp (pipeline_parallel_layer_layout.py:41-56)."""
+def _layout_string(counts: list[int], mtp: int = 0) -> str:
+    """--pipeline-model-parallel-layout: 'E' embedding, 't' per layer, 'm' per multi-token
+    prediction module (after the last layer), 'L' loss, '|' between virtual stages, stage j on
+    rank j % pp (pipeline_parallel_layer_layout.py:41-56, 86-136)."""
     stages = [f"t*{n}" if n else "" for n in counts]
-    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * mtp + "L"
     out, i = "", 0
     while i < len(stages) - 1:  # runs of equal stages as (s|)*k, which the parser unrolls
         k = 1
@@ -106,28 +158,13 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
         if even and lay["vp"] > 1:
             out.append(f"--num-layers-per-virtual-pipeline-stage={counts[0]}")
         elif not even:
-            out.append(f"--pipeline-model-parallel-layout={_layout_string(counts)}")
+            out.append(f"--pipeline-model-parallel-layout={_layout_string(counts, tr['mtp_depth'])}")
     if lay["tp"] > 1 and cfg["layout"]["sequence_parallel"]:
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size={lay['micro_batch']}", f"--global-batch-size={tr['global_batch']}",
             f"--seq-length={tr['seq_len']}", f"--max-position-embeddings={tr['seq_len']}",
             f"--train-iters={tr['steps']}", f"--seed={tr['seed']}"]
-    out += [f"--num-layers={m['layers']}", f"--hidden-size={m['hidden']}", f"--ffn-hidden-size={m['ffn_hidden']}",
-            f"--num-attention-heads={m['heads']}"]
-    if m["kv_heads"] != m["heads"]:
-        out += ["--group-query-attention", f"--num-query-groups={m['kv_heads']}"]
-    if m.get("head_dim"):
-        out.append(f"--kv-channels={m['head_dim']}")
-    if m["mlp"] == MLP.swiglu.value:
-        out.append("--swiglu")
-    if not m["tied_embeddings"]:
-        out.append("--untie-embeddings-and-output-weights")
-    moe = m["moe"]
-    if moe["experts"]:
-        out += [f"--num-experts={moe['experts']}", f"--moe-router-topk={moe['experts_per_token']}",
-                f"--moe-ffn-hidden-size={moe['expert_ffn_hidden']}"]
-        if moe["shared_experts"]:
-            out.append(f"--moe-shared-expert-intermediate-size={moe['shared_experts'] * moe['expert_ffn_hidden']}")
+    out += _model_args(m, lay, cfg["hardware"]["gpus_per_node"], tr["mtp_depth"])
     if tr["precision"] != Precision.fp32.value:
         out.append("--bf16")
     if tr["precision"] == Precision.fp8.value:
@@ -144,12 +181,69 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
         out += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
         if lay["dp_replicate"] > 1:
             out.append(f"--num-distributed-optimizer-instances={lay['dp_replicate']}")
-    elif zero >= 2:
-        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy={SHARDING[zero]}"]
+    elif zero >= 2:  # Megatron-FSDP saves only its own format (arguments.py:1169-1170)
+        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy={SHARDING[zero]}",
+                "--ckpt-format=fsdp_dtensor"]
     ck = tr["checkpoint"]
     if ck["every"] > 0:
         folder = (ck["dir"] or f"{run_dir}/checkpoints").removeprefix("file://")
         out += [f"--save={folder}", f"--load={folder}", f"--save-interval={ck['every']}"]
+    return out
+
+
+def _model_args(m: dict, lay: dict, gpus_per_node: int, mtp: int) -> list[str]:
+    """The model's shape: attention (GQA or MLA), MLP, embeddings, experts, MTP."""
+    out = [f"--num-layers={m['layers']}", f"--hidden-size={m['hidden']}", f"--ffn-hidden-size={m['ffn_hidden']}",
+            f"--num-attention-heads={m['heads']}"]
+    if m["kv_heads"] != m["heads"]:
+        out += ["--group-query-attention", f"--num-query-groups={m['kv_heads']}"]
+    # rotary embeddings (the planner's model and the runtime's: rope_theta); Megatron's default is learned
+    out += ["--position-embedding-type=rope", f"--rotary-base={int(m['rope_theta'])}"]
+    if m.get("head_dim"):
+        out.append(f"--kv-channels={m['head_dim']}")
+    if m["mlp"] == MLP.swiglu.value:
+        out.append("--swiglu")
+        # Llama/DeepSeek: RMSNorm, no biases (and Megatron's MoE biases need etp 1, transformer_config.py:2612)
+        out += ["--normalization=RMSNorm", "--disable-bias-linear"]
+    if not m["tied_embeddings"]:
+        out.append("--untie-embeddings-and-output-weights")
+    mla = m["mla"]
+    if mla["kv_lora_rank"]:
+        out += ["--multi-latent-attention", f"--q-lora-rank={mla['q_lora_rank']}",
+                f"--kv-lora-rank={mla['kv_lora_rank']}", f"--qk-head-dim={mla['qk_nope_head_dim']}",
+                f"--qk-pos-emb-head-dim={mla['qk_rope_head_dim']}", f"--v-head-dim={mla['v_head_dim']}"]
+    out += _moe_args(m["moe"], lay, m["layers"], gpus_per_node)
+    if mtp:
+        out.append(f"--mtp-num-layers={mtp}")
+    return out
+
+
+def _moe_args(moe: dict, lay: dict, layers: int, gpus_per_node: int) -> list[str]:
+    """Experts, their router and their kernels (transformer_config.py:700-900)."""
+    if not moe["experts"]:
+        return []
+    out = [f"--num-experts={moe['experts']}", f"--moe-router-topk={moe['experts_per_token']}",
+           f"--moe-ffn-hidden-size={moe['expert_ffn_hidden']}", "--moe-grouped-gemm",
+           "--moe-token-dispatcher-type=alltoall"]
+    if moe["dense_layers"]:  # a Python list expression, evaluated by Megatron (arguments.py moe_freq_type)
+        k = moe["dense_layers"]
+        out.append(f"--moe-layer-freq=([0]*{k}+[1]*{layers - k})")
+    if moe["shared_experts"]:
+        out.append(f"--moe-shared-expert-intermediate-size={moe['shared_experts'] * moe['expert_ffn_hidden']}")
+    # the runtime's router (orchestrator/train/moe.py): sigmoid gates normalised over the chosen
+    # experts, or the chosen entries of the softmax over all experts (Megatron's pre-softmax)
+    out.append(f"--moe-router-score-function={moe['score']}")
+    if moe["score"] == "softmax":
+        out.append("--moe-router-pre-softmax")
+    if moe["route_scale"] != 1.0:
+        out.append(f"--moe-router-topk-scaling-factor={moe['route_scale']}")
+    if moe["bias_update_speed"] and moe["score"] == "sigmoid":
+        out += ["--moe-router-enable-expert-bias", f"--moe-router-bias-update-rate={moe['bias_update_speed']}"]
+    out += ([f"--moe-router-load-balancing-type=seq_aux_loss", f"--moe-aux-loss-coeff={moe['aux_loss_coef']}"]
+            if moe["aux_loss_coef"] else ["--moe-router-load-balancing-type=none"])
+    groups = _route_groups(moe["experts"], lay["ep"], gpus_per_node, moe["max_nodes_per_token"])
+    if groups:
+        out += [f"--moe-router-num-groups={groups}", f"--moe-router-group-topk={moe['max_nodes_per_token']}"]
     return out
 
 

@@ -146,6 +146,11 @@ def config_toml(parts: list[list[str]]) -> str:
            f"module_fqns_per_model_part = [\n  {rows}\n]\n"
 
 
+def env(plan_json: dict) -> dict[str, str | None]:
+    """torchtitan needs nothing in the rank's environment beyond torchrun's."""
+    return {}
+
+
 def files(plan_json: dict) -> dict[str, str]:
     """The files the command line names, written beside the plan: torchtitan.toml for a split
     that only module names express."""

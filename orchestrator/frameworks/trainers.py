@@ -114,6 +114,12 @@ def argv(plan_json: dict, plan_dir: Path) -> list[str]:
     return head + rendered + tail
 
 
+def env(plan_json: dict) -> dict[str, str | None]:
+    """The variables the framework needs in every rank's environment (None: must be unset)."""
+    fw = FRAMEWORKS.get(trainer_name(plan_json))
+    return fw.env(plan_json) if fw is not None else {}
+
+
 def files(plan_json: dict) -> dict[str, str]:
     """name -> text of the files this attempt's command line names (written beside its plan)."""
     fw = FRAMEWORKS.get(trainer_name(plan_json))

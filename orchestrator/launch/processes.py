@@ -75,6 +75,16 @@ def _describe(code: int) -> str:
     return f"exited with status {code}"
 
 
+def apply(environ, variables: dict) -> None:
+    """Set each variable in `environ`, removing those given as None (a variable a rank must not
+    inherit, e.g. Megatron-FSDP's CUDA_DEVICE_MAX_CONNECTIONS)."""
+    for k, v in variables.items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
+
+
 class LocalJob:
     def __init__(self, run_dir: Path, nodes: int, gpus_per_node: int, env: dict | None = None,
                  echo: bool = True, worker: list[str] | None = None):
@@ -119,7 +129,7 @@ class LocalJob:
 
             self.server = ForkServer(dict(full, **{k: str(v) for k, v in self.env.items()}),
                                      self._runtime_modules())
-        full.update({k: str(v) for k, v in {**self.env, **env}.items()})
+        apply(full, {k: None if v is None else str(v) for k, v in {**self.env, **env}.items()})
         if self.server is not None:
             p = self.server.spawn(full, str(self.run_dir))
         else:

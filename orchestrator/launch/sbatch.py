@@ -99,11 +99,12 @@ def srun_command(lc, plan_dir: Path, nodes: list[str], tasks_per_node: int, pyth
     keeps the step alive when one of its nodes dies, so the supervisor decides. In a
     container the image's interpreter runs the worker."""
     from orchestrator.launch.trainers import program
+    from orchestrator.plan.hostlist import compress
 
     if lc.container_image:
         python = lc.container_python
     return ["srun", "--unbuffered", "--no-kill", "--kill-on-bad-exit=0", "--overlap", f"--nodes={len(nodes)}",
             f"--ntasks-per-node={tasks_per_node}", f"--ntasks={len(nodes) * tasks_per_node}",
-            f"--nodelist={','.join(nodes)}", f"--cpus-per-task={lc.cpus_per_task}",
+            f"--nodelist={compress(nodes)}", f"--cpus-per-task={lc.cpus_per_task}",
             *container_args(lc, run_dir or plan_dir),
             *program(plan_dir, python)]  # the built-in worker, or the trainer (launch/trainers.py)

@@ -183,6 +183,21 @@ class SlurmLauncher(Launcher):
 
         return follow(self.run_dir)
 
+    def _environment(self, nodes: list[str]) -> list[str]:
+        """Every variable the launcher gives each rank beyond the job's own environment."""
+        from orchestrator.launch.srun import step_env
+        from orchestrator.launch.trainers import describe_task_env
+        from orchestrator.plan.hostlist import compress
+
+        gpn = self.spec.hardware.gpus_per_node
+        step = {**step_env(nodes, "15000 + (7 x SLURM_JOB_ID + attempt) mod 20000"),
+                rundir.ENV_RUN_DIR: str(self.run_dir), rundir.ENV_ATTEMPT: "0 (then 1, 2, ... after a failover)"}
+        step[rundir.ENV_HOSTS] = f"{compress(nodes)} expanded, comma-separated (the plan's node order)"
+        return (["each rank's environment: the batch job's own, plus (set by the supervisor for the step)"]
+                + [f"  {k}={v}" for k, v in step.items()]
+                + ["and (set by each srun task for itself)"]
+                + [f"  {line}" for line in describe_task_env(self.run_dir, gpn, len(nodes) * gpn)])
+
     def _preview(self, ex, folder: Path) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         script = batch_script(ex)
@@ -192,5 +207,6 @@ class SlurmLauncher(Launcher):
         (folder / "preview.sbatch").write_text(script)
         (folder / "preview.srun").write_text(srun + "\n")
         print(f"\nbatch script ({folder / 'preview.sbatch'}; nothing was submitted):\n{script}\n"
-              f"training step, started by the supervisor inside the allocation ({folder / 'preview.srun'}):\n{srun}")
+              f"training step, started by the supervisor inside the allocation ({folder / 'preview.srun'}):\n{srun}\n")
+        print("\n".join(self._environment(nodes)))
         return rundir.EXIT_OK

@@ -42,6 +42,19 @@ from orchestrator.launch.status import read_status, steps_completed, write_statu
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
 
+
+def master_port(job: str, attempt: int) -> str:
+    return str(15000 + (int(job) * 7 + attempt) % 20000)
+
+
+def step_env(hosts: list[str], port: str) -> dict[str, str]:
+    """What the supervisor adds to the job's environment for an attempt's srun step (every task
+    inherits it; launch/trainers.py adds each task's own)."""
+    return {"MASTER_ADDR": hosts[0], "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            rundir.ENV_HOSTS: ",".join(hosts)}  # the worker's rank from its host (train/worker.py)
+
+
 def hostnames(nodelist: str) -> list[str]:
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
     return out.stdout.split()
@@ -149,10 +162,8 @@ class SrunWorkers(Workers):
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
         cmd.insert(1, f"--output={plan_dir / rundir.LOGS / 'rank%t.log'}")
-        job = os.environ.get("SLURM_JOB_ID", "0")
-        env = dict(os.environ, **env, MASTER_ADDR=self.current[0], OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   MASTER_PORT=str(15000 + (int(job) * 7 + attempt) % 20000), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                   ORCH_HOSTS=",".join(self.current))  # the worker's rank from its host (train/worker.py)
+        env = dict(os.environ, **env, **step_env(self.current, master_port(os.environ.get("SLURM_JOB_ID", "0"),
+                                                                           attempt)))
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         print(f"attempt {attempt}: {' '.join(cmd)}", flush=True)
         return list(self.current)

@@ -5,7 +5,9 @@ Every rank runs the same command line (frameworks/trainers.py renders it from th
 plan.json) with torchrun's environment: RANK (placed so the framework's own groups are the
 plan's, frameworks/trainers.rank_map), LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the
 node's index), MASTER_ADDR, MASTER_PORT, plus ORCH_PLAN (this attempt's plan.json),
-ORCH_RUN_DIR (the run directory, the same for every attempt) and ORCH_ATTEMPT. A leading
+ORCH_RUN_DIR (the run directory, the same for every attempt) and ORCH_ATTEMPT, and what the
+framework needs there (frameworks/trainers.env: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS, set
+or removed). A leading
 `python` (or `python3`) word is the interpreter that starts the rank: the launcher's here,
 the image's under srun in a container (launcher.container_python).
 
@@ -21,8 +23,9 @@ import sys
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch.processes import LocalJob
+from orchestrator.launch.processes import LocalJob, apply
 from orchestrator.frameworks.trainers import argv as render_argv
+from orchestrator.frameworks.trainers import env as framework_env
 from orchestrator.frameworks.trainers import external, files, rank_map
 
 PYTHONS = ("python", "python3")
@@ -52,10 +55,40 @@ def program(plan_dir: Path, python: str) -> list[str]:
     return [python, "-m", "orchestrator.launch.trainers", str(plan_dir), "--", *prepare(plan_dir)]
 
 
-def rank_env(plan_dir: Path, position: int, world: int) -> dict:
-    """The variables a rank adds to torchrun's (the caller sets LOCAL_*, GROUP_RANK, MASTER_*)."""
-    return {"RANK": str(rank_map(_plan(plan_dir))[position]), "WORLD_SIZE": str(world),
+def rank_env(plan_dir: Path, position: int, world: int) -> dict[str, str | None]:
+    """The variables a rank adds to torchrun's (the caller sets LOCAL_*, GROUP_RANK, MASTER_*);
+    None: a variable the rank's environment must not hold."""
+    pj = _plan(plan_dir)
+    return {**framework_env(pj), "RANK": str(rank_map(pj)[position]), "WORLD_SIZE": str(world),
             rundir.ENV_PLAN: str(Path(plan_dir) / rundir.PLAN_JSON)}
+
+
+def task_env(plan_dir: Path, node: int, local: int, per_node: int, world: int) -> dict[str, str | None]:
+    """What an srun task sets for itself before it becomes the trainer (main)."""
+    return {**rank_env(plan_dir, node * per_node + local, world), "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
+
+
+def describe_task_env(plan_dir: Path, per_node: int, world: int) -> list[str]:
+    """task_env as the preview prints it: each variable once, with its rule where it varies."""
+    if not external(_plan(plan_dir)):
+        return ["(the built-in worker takes its rank from SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and ORCH_HOSTS: "
+                "train/worker.py)"]
+    ranks = rank_map(_plan(plan_dir))
+    shown = "; ".join(f"node {n + 1}: {' '.join(map(str, ranks[n * per_node:(n + 1) * per_node]))}"
+                      for n in range(min(2, world // per_node)))
+    out = []
+    for k, v in task_env(plan_dir, 0, 0, per_node, world).items():
+        if k == "RANK":
+            same = ranks == list(range(world))
+            out.append(f"RANK=the rank placed on GPU SLURM_NODEID x {per_node} + SLURM_LOCALID "
+                       f"({'the same number' if same else 'frameworks/trainers.rank_map'}: {shown}"
+                       f"{' ...' if world > 2 * per_node else ''})")
+        elif k in ("LOCAL_RANK", "GROUP_RANK"):
+            out.append(f"{k}=$SLURM_{'LOCALID' if k == 'LOCAL_RANK' else 'NODEID'}")
+        else:
+            out.append(f"{k}={v}" if v is not None else f"{k} removed (unset)")
+    return out
 
 
 def resolved(words: list[str]) -> list[str]:
@@ -93,9 +126,7 @@ def main() -> None:
     e = os.environ
     world, local = int(e["SLURM_NTASKS"]), int(e["SLURM_LOCALID"])
     per_node = world // int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
-    node = int(e["SLURM_NODEID"])
-    e.update(rank_env(plan_dir, node * per_node + local, world), LOCAL_RANK=str(local),
-             LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node))
+    apply(e, task_env(plan_dir, int(e["SLURM_NODEID"]), local, per_node, world))
     os.execvp(words[0], words)
 
 

@@ -82,6 +82,43 @@ def expand(expr: str | list | tuple | None) -> list[str]:
     return list(seen)
 
 
+_NUMBERED = re.compile(r"^(.*?)(\d+)([^\d]*)$")
+
+
+def compress(names: list[str]) -> str:
+    """The shortest-form hostlist expression of `names`, in their order: consecutive names that
+    differ only in their last number share one bracket (node0001..node1024 -> node[0001-1024]);
+    `expand` gives the names back."""
+    items: list[list] = []  # [prefix, suffix, [[lo_text, hi_int, width]]] or [name]
+    for name in names:
+        m = _NUMBERED.match(name)
+        if not m or any(c in name for c in "[],"):
+            items.append([name])
+            continue
+        pre, digits, suf = m.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        n = int(digits)
+        last = items[-1] if items else None
+        if last is not None and len(last) == 3 and last[:2] == [pre, suf]:
+            run = last[2][-1]
+            if n == run[1] + 1 and str(n).zfill(run[2]) == digits:
+                run[1] = n
+            else:
+                last[2].append([digits, n, width])
+            continue
+        items.append([pre, suf, [[digits, n, width]]])
+    out = []
+    for it in items:
+        if len(it) == 1:
+            out.append(it[0])
+            continue
+        pre, suf, runs = it
+        parts = [lo if int(lo) == hi else f"{lo}-{str(hi).zfill(w)}" for lo, hi, w in runs]
+        out.append(f"{pre}{parts[0]}{suf}" if len(parts) == 1 and "-" not in parts[0]
+                   else f"{pre}[{','.join(parts)}]{suf}")
+    return ",".join(out)
+
+
 def natural_key(name: str) -> tuple:
     """node2 before node10."""
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))

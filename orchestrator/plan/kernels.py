@@ -41,6 +41,14 @@ ceiling of each GPU generation (`hardware.gemm_efficiency`: Ampere, Hopper, Blac
 shared by every GPU, `cost.elementwise`, `cost.attention_efficiency`,
 `cost.fp8_gemm_efficiency` and `cost.launch_overhead_us`. Recomputation adds the forward
 work it re-runs. Element counts are per token, fwd + bwd, in 2-byte elements.
+
+Not modelled, because it made runs nobody fitted worse (#37, benchmarks/calibration.py, leave
+one source family out, 4.11 MFU points and 6.3% median throughput error without it): GEMM tile
+and wave quantisation from the shapes and the SM count (128x256, 256x128 and 128x128 tiles, the
+best of them; grouped over an MoE layer's local experts): with whole waves 4.40 points and 7.3%,
+with an under-filled single wave only 4.15 and 6.4%, with edge padding only 4.15 and 6.4%.
+A likely reason: cuBLAS's persistent and stream-K kernels balance the last wave, and the
+fitted gemm_efficiency already carries the average loss.
 """
 from __future__ import annotations
 
@@ -90,6 +98,18 @@ def _clamp(x, lo: float, hi: float, default: float) -> float:
     except (TypeError, ValueError):
         return default
     return min(max(x, lo), hi) if math.isfinite(x) else default
+
+
+def clock_fraction(hw) -> float:
+    """The tensor cores' clock under a power cap, relative to the clock at TDP (which the fitted
+    gemm_efficiency describes): dynamic power goes as C V^2 f and, over the DVFS range, the
+    voltage with the clock, so power ~ f^3 and f ~ (cap / TDP)^(1/3) (static power left out: the
+    slowdown is a lower bound). 1 with no cap, no TDP, or a cap at or above TDP."""
+    cap, tdp = getattr(hw, "power_cap_w", None), getattr(hw, "tdp_w", None)
+    if cap is None or tdp is None:
+        return 1.0
+    share = _clamp(cap, 1.0, 1e5, 1e5) / _clamp(tdp, 1.0, 1e5, 1e5)
+    return min(share, 1.0) ** (1.0 / 3.0)
 
 
 def coefficients(hw, cost) -> Coefficients:
@@ -310,6 +330,7 @@ def output_features(mm: ModelMath, s: Shape) -> Features:
 def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
     stack, moe = spec.stack, spec.model.moe
     coef = coef or coefficients(hw, spec.cost)
+    clock = clock_fraction(hw)  # tensor-core work runs at the capped clock; memory-bound work does not
     return Shape(
         t=d.tp, etp=d.etp, ep=d.ep, seq=tr.seq_len, tokens=tr.seq_len / d.cp * tr.micro_batch,
         mb=tr.micro_batch,
@@ -317,8 +338,8 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
         recompute=tr.recompute.value,
         selective=stack.selective.value, sp=bool(spec.layout.sequence_parallel),
         imbalance=_clamp(getattr(moe, "load_imbalance", 0.0), 0.0, 100.0, 0.0),
-        peak16=hw.peak_tflops * 1e12, gemm16=hw.peak_tflops * 1e12 * coef.gemm_efficiency,
-        gemm8=low_precision_peak(hw, tr.precision.value) * 1e12 * coef.gemm_efficiency * coef.fp8,
+        peak16=hw.peak_tflops * 1e12 * clock, gemm16=hw.peak_tflops * 1e12 * coef.gemm_efficiency * clock,
+        gemm8=low_precision_peak(hw, tr.precision.value) * 1e12 * coef.gemm_efficiency * coef.fp8 * clock,
         hbm=hw.hbm_gbps * 1e9, bf16_share=min(max(tr.bf16_layers, 0) / max(spec.model.layers, 1), 1.0)
         if tr.precision.value in LOW_PRECISION else 0.0,
         eager=not stack.fused_elementwise,

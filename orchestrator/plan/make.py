@@ -12,6 +12,7 @@ from orchestrator.plan.plan import Plan, plan_spec
 from orchestrator.plan.replan import after_node_loss
 from orchestrator.plan.search import search
 from orchestrator.plan.validate import check_values
+from orchestrator.plan.machine import on_this_machine
 
 
 def make_plan(cfg: Any) -> Plan:
@@ -24,10 +25,13 @@ def make_plan(cfg: Any) -> Plan:
         spec = typed(cfg)
     except ConfigError as e:
         return Plan(valid=False, errors=e.problems, warnings=[], world_size=0, spec=None)
+    spec, machine = on_this_machine(spec)  # hardware=cpu: this machine's measured model, or says it has none
     problems = check_values(spec)
     if problems:  # nothing below may run on numbers outside their physical range
         return Plan(valid=False, errors=problems, warnings=[], world_size=0, spec=spec)
     plan = search(spec) if spec.layout.search else plan_spec(spec)
+    if machine:
+        plan.warnings.append(machine)
     if plan.valid:
         attach(plan)  # cluster.topology / cluster.nodelist: the plan on those hosts
     if plan.layout is not None and spec.launcher.name != LauncherName.dry:

@@ -2,8 +2,12 @@
 
 benchmarks/calibration.py --write-intervals plans every published run (published/runs.csv)
 with the kernel model refitted without the run's source family (leave one source family
-out), takes the log residual log(true MFU / predicted MFU) of each, and writes their 10th
-and 90th percentiles per group to `mfu_interval.json` beside this module. The planner only
+out), takes the log residual log(true MFU / predicted MFU) of each, and writes their
+(1 - q) / 2 and (1 + q) / 2 quantiles per group, each source family weighing the same, to
+`mfu_interval.json` beside this module, at the quantile level q that makes the interval cover
+80% of the runs of families it was built without (calibrated_level: the 10-90% band of the
+others' residuals covers fewer than 80% of a new family's runs, since each family carries its
+own bias). The planner only
 reads that file (no calibration at plan time, no torch): a plan's interval is
 
     [MFU x exp(q10), MFU x exp(q90)]
@@ -70,15 +74,25 @@ def plan_interval(plan) -> tuple[float, float, str] | None:
 
 # ---- calibrating the table (benchmarks/calibration.py; never at plan time) ----------------------
 
-def _quantile(xs: list[float], q: float) -> float:
-    """The q-quantile at plotting position q (n + 1) (Weibull, Hyndman-Fan type 6): between
-    the k-th and (n + 1 - k)-th of n residuals lies (n + 1 - 2k) / (n + 1) of new ones on
-    average, so small groups get the wider interval they need."""
-    xs = sorted(xs)
-    pos = min(max(q * (len(xs) + 1) - 1.0, 0.0), len(xs) - 1.0)
-    i = int(math.floor(pos))
-    j = min(i + 1, len(xs) - 1)
-    return xs[i] + (xs[j] - xs[i]) * (pos - i)
+def _quantile(xs: list[float], fams: list[str], q: float) -> float:
+    """The q-quantile with each source family weighing the same (its rows share one weight; each
+    point at the middle of its weight): a new run comes from a new source, whose bias is one draw
+    among the families', however many rows one family published."""
+    count: dict[str, int] = {}
+    for f in fams:
+        count[f] = count.get(f, 0) + 1
+    pts = sorted((x, 1.0 / count[f]) for x, f in zip(xs, fams))
+    total = sum(w for _, w in pts)
+    acc, pos = 0.0, []
+    for x, w in pts:
+        pos.append(((acc + w / 2.0) / total, x))
+        acc += w
+    if q <= pos[0][0]:
+        return pos[0][1]
+    for (p0, x0), (p1, x1) in zip(pos, pos[1:]):
+        if q <= p1:
+            return x0 + (x1 - x0) * (q - p0) / (p1 - p0)
+    return pos[-1][1]
 
 
 def residual(pred) -> tuple[str, str, float, str] | None:
@@ -90,18 +104,21 @@ def residual(pred) -> tuple[str, str, float, str] | None:
 
 
 def build_table(preds, level: float = 0.8, min_rows: int = 8) -> dict:
-    """Per group, the (1 - level) / 2 and (1 + level) / 2 quantiles of the log residuals. A
+    """Per group, the (1 - level) / 2 and (1 + level) / 2 quantiles of the log residuals, each
+    source family weighing the same (_quantile). A
     group drawn from one source family only is kept out of the lookup (`rows` 0): one
     source's bias is not a stack's spread."""
     res = [r for r in map(residual, preds) if r is not None]
     keys: dict[str, list[float]] = {}
     fams: dict[str, set] = {}
+    owner: dict[str, list[str]] = {}
     for stack, kind, r, fam in res:
         for key in (f"{stack}/{kind}", f"*/{kind}", f"{stack}/*", "*/*"):
             keys.setdefault(key, []).append(r)
             fams.setdefault(key, set()).add(fam)
+            owner.setdefault(key, []).append(fam)
     tail = (1.0 - level) / 2.0
-    groups = {k: {"lo": round(_quantile(v, tail), 4), "hi": round(_quantile(v, 1.0 - tail), 4),
+    groups = {k: {"lo": round(_quantile(v, owner[k], tail), 4), "hi": round(_quantile(v, owner[k], 1.0 - tail), 4),
                   "rows": len(v) if len(fams[k]) > 1 else 0, "families": len(fams[k])}
               for k, v in sorted(keys.items())}
     return {"level": level, "min_rows": min_rows, "groups": groups}
@@ -116,16 +133,70 @@ def covered(pred, table: dict) -> bool | None:
     return None if iv is None else iv[0] <= pred.truth <= iv[1]
 
 
-def coverage(loso: dict, level: float = 0.8, min_rows: int = 8) -> dict[str, tuple[int, int, int, int]]:
+# Quantile levels tried for the 80% interval: leaving a family out removes its bias from the
+# residuals, so the residuals' own 10-90% band covers fewer of a new family's runs than 80%.
+LEVELS = tuple(round(0.80 + 0.01 * i, 2) for i in range(17))
+
+
+def _nested(loso: dict, level: float, min_rows: int) -> tuple[int, int]:
+    """(inside, rows with an interval): each family judged by a table built without it."""
+    inside = rows = 0
+    for fam, preds in loso.items():
+        table = build_table([p for f, ps in loso.items() if f != fam for p in ps], level, min_rows)
+        for p in preds:
+            c = covered(p, table)
+            if c is not None:
+                rows += 1
+                inside += c
+    return inside, rows
+
+
+def calibrated_level(loso: dict, target: float = 0.8, min_rows: int = 8) -> float:
+    """The lowest quantile level (LEVELS) whose intervals, each family's built without that family's
+    residuals, cover `target` of the families' runs: the level a table needs to cover `target`
+    of a source it has never seen (conformal-style, over families rather than rows)."""
+    for level in LEVELS:
+        inside, rows = _nested(loso, level, min_rows)
+        if rows and inside / rows >= target:
+            return level
+    return LEVELS[-1]
+
+
+def shipped_table(loso: dict, target: float = 0.8, min_rows: int = 8) -> dict:
+    """The table the planner reads: every family's residuals at the level calibrated_level finds."""
+    level = calibrated_level(loso, target, min_rows)
+    table = build_table([p for ps in loso.values() for p in ps], level, min_rows)
+    return {**table, "level": target, "quantile_level": level}
+
+
+def coverage(loso: dict, target: float = 0.8, min_rows: int = 8) -> dict[str, tuple[int, int, int, int]]:
     """Per source family: (inside the shipped interval, inside an interval calibrated without
-    the family's own residuals, rows with an interval, rows). `loso`: family -> its
-    leave-one-family-out Predictions."""
-    every = [p for ps in loso.values() for p in ps]
-    full = build_table(every, level, min_rows)
+    the family's own residuals, its level chosen without them too, rows with an interval, rows).
+    `loso`: family -> its leave-one-family-out Predictions."""
+    full = shipped_table(loso, target, min_rows)
     out = {}
     for fam, preds in loso.items():
-        nested = build_table([p for f, ps in loso.items() if f != fam for p in ps], level, min_rows)
+        others = {f: ps for f, ps in loso.items() if f != fam}
+        nested = build_table([p for ps in others.values() for p in ps], calibrated_level(others, target, min_rows),
+                             min_rows)
         a = [covered(p, full) for p in preds]
         b = [covered(p, nested) for p in preds]
         out[fam] = (sum(x is True for x in a), sum(x is True for x in b), sum(x is not None for x in b), len(preds))
     return out
+
+
+def coverage_by_regime(loso: dict, target: float = 0.8, min_rows: int = 8) -> dict[str, tuple[int, int]]:
+    """Per regime (dense, cp, moe): (inside, rows with an interval) of the honest figure, each
+    family's runs judged by a table (and level) built without that family."""
+    out: dict[str, list[int]] = {}
+    for fam, preds in loso.items():
+        others = {f: ps for f, ps in loso.items() if f != fam}
+        nested = build_table([p for ps in others.values() for p in ps], calibrated_level(others, target, min_rows),
+                             min_rows)
+        for p in preds:
+            c, r = covered(p, nested), residual(p)
+            if c is not None and r is not None:
+                acc = out.setdefault(r[1], [0, 0])
+                acc[0] += c
+                acc[1] += 1
+    return {k: (v[0], v[1]) for k, v in sorted(out.items())}

@@ -54,7 +54,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600),
     "hardware.gemm_efficiency": (1e-3, 1.0), "hardware.peak_fp8_tflops": (1e-6, 1e7),
     "hardware.peak_fp4_tflops": (1e-6, 1e7), "training.bf16_layers": (0, 4096),
-    "hardware.flash2_speed": (1e-3, 1.0), "stack.zero3_gathers_per_layer": (1.0, 64.0),
+    "hardware.flash2_speed": (1e-3, 1.0), "hardware.tdp_w": (1.0, 1e5), "hardware.power_cap_w": (1.0, 1e5), "stack.zero3_gathers_per_layer": (1.0, 64.0),
     "cost.elementwise": (0.0, 100.0), "cost.attention_efficiency": (1e-3, 1.0),
     "cost.fp8_gemm_efficiency": (1e-3, 1.0), "cost.launch_overhead_us": (0.0, 1e5),
     "model.moe.load_imbalance": (0.0, 100.0), "model.moe.max_nodes_per_token": (0, 1 << 16),
@@ -98,8 +98,13 @@ def check_values(spec: Config) -> list[Problem]:
             if bad:
                 out.append(Problem(f"{key}[{i}]", f"tier {t.name!r} has {', '.join(bad)}; a tier needs size > 0, "
                                    "gbps > 0, oversubscription >= 1 and latency_us >= 0.",
-                                   f"fix {'.'.join(bad[0].split('=')[0].split('.'))} in {key}[{i}] "
-                                   f"({key.split('.')[0]} preset, or {key}=[...] on the command line)."))
+                                   f"fix {bad[0].split('=')[0]} in {key}[{i}] ({key.split('.')[0]} preset, or "
+                                   f"{key}=[...] on the command line)."))
+    hw = spec.hardware
+    if not out and hw.power_cap_w is not None and hw.tdp_w is None:
+        out.append(Problem("hardware.power_cap_w", f"is {hw.power_cap_w:g} W but hardware={hw.name} states no TDP "
+                           f"(hardware.tdp_w), so the cap's share of the board power is unknown.",
+                           "set hardware.tdp_w to the GPU's board power from its datasheet (H100 SXM: 700)."))
     world = spec.cluster.nodes * spec.hardware.gpus_per_node
     if not out and world > MAX_WORLD:
         out.append(Problem("cluster.nodes, hardware.gpus_per_node",

@@ -101,9 +101,13 @@ def _budget(plan) -> list[str]:
     model = (sp.cost.kernel_model or hw.kernel_model).value
     L.append(f"  predicted wall-clock step {_fmt_s(st.wall_s)} = roofline / effective kernel efficiency "
              f"{st.kernel_efficiency:.3g} ({model} kernel model, preset hardware={hw.name})")
-    if hw.device.value == "cpu":
+    if hw.device.value == "cpu" and model == "constant":
         L.append(f"  hardware={hw.name} runs processes on this machine; its kernel efficiency is fitted to demo runs")
-        L.append("  (orchestrate-calibrate), so this predicts this machine on runs like the demo, not a GPU")
+        L.append("  (orchestrate-calibrate), so this is no prediction for another layout or machine: measure this")
+        L.append("  machine once with orchestrate-calibrate --probe (cached; hardware=cpu then predicts with it)")
+    elif hw.device.value == "cpu":
+        L.append(f"  hardware={hw.name} runs processes on this machine, priced from its measured components")
+        L.append("  (orchestrate-calibrate --probe: GEMM rate, per-op and per-call host time, cores)")
     L.append(f"  MFU {_fmt_pct(plan.mfu)}   HFU {_fmt_pct(plan.hfu)}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
              f"{plan.tokens_per_s:,.0f} tokens/s")
     L.append(_interval_line(plan))
