@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.config.errors import ConfigError, Problem, print_rejection
-from orchestrator.rundir import EXIT_INTERRUPTED, EXIT_PIPE, PLAN_JSON
+from orchestrator.rundir import EXIT_INTERRUPTED, EXIT_PIPE
 
 GROUPS = ("hardware", "model", "layout", "schedule", "fabric", "stack", "launcher", "recipe")
 INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
@@ -267,17 +267,35 @@ def run(overrides: list[str], argv: list[str], config_dir: str | None = None, co
             return print_rejection(problems, "submitted" if plan.spec.launcher.name.value == "slurm" else "launched")
     from orchestrator.launch import privacy  # owner-only by default; another user's run refused
 
+    refused = local_paths(str(cfg.hydra.run.dir), plan.spec.training.checkpoint.dir)
+    if refused:
+        return print_rejection(refused)
     lc = plan.spec.launcher
     refused = privacy.other_owner(run_dir, plan.spec.training.checkpoint.dir, lc.allow_other_owner)
     if refused:
         return print_rejection(refused)
-    privacy.owner_only(run_dir, lc.group_readable)
+    try:
+        privacy.owner_only(run_dir, lc.group_readable)
+    except OSError as e:  # a file where a folder should be, no permission, a read-only file system
+        return print_rejection([Problem("hydra.run.dir", f"{str(run_dir)!r} cannot be created: {e.strerror or e}.",
+                                        "choose a directory you can write, e.g. hydra.run.dir=outputs/my_run.")])
     paths = write_plan(plan, run_dir, figures=plan.spec.figures and plan.valid, command=argv, overrides=overrides)
     write_config(run_dir, cfg, overrides, argv)
     print(f"\nplan written to {paths['json']}" + (" (pictures beside it)" if "cluster" in paths else ""))
     if not plan.valid:
         return print_rejection(plan.errors)
     return launcher.submit()
+
+
+def local_paths(run_dir: str, checkpoint_dir: str | None) -> list[Problem]:
+    """The run directory (as typed) and a local checkpoint folder: paths the file system can hold."""
+    from orchestrator.launch.preflight import folder_problems, path_problems
+
+    out = folder_problems("hydra.run.dir", run_dir)
+    local = checkpoint_dir.removeprefix("file://") if checkpoint_dir else None
+    if local and "://" not in local:
+        out += path_problems("training.checkpoint.dir", local)
+    return out
 
 
 def usage(config_dir: str | None = None) -> str:
@@ -324,23 +342,35 @@ def runs_main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_PIPE
+    except Exception as e:  # a bug: said so, the traceback kept in a file
+        code = _internal_error(e)
     sys.exit(code)
 
 
 def _runs(args) -> int:
     from orchestrator.launch import runs
+    from orchestrator.launch.preflight import path_problems
 
     if args.command == "list":
-        rows = [runs.summary(r) for r in runs.find_runs(args.root)]
+        refused = path_problems("--root", args.root)
+        if refused:
+            return print_rejection(refused, "done")
+        rows = []
+        for r in runs.find_runs(args.root):
+            if runs.run_problems(r):  # another program's folder, or a damaged run: listed, not read
+                rows.append({"run": str(r), "state": "unreadable", "launcher": "-", "layout": "-", "steps": "-",
+                             "loss": None, "predicted_step_s": None, "measured_step_s": None})
+            else:
+                rows.append(runs.summary(r))
         print(f"{'state':<11} {'launcher':<8} {'layout':<22} {'steps':>9} {'loss':>8} {'pred s':>8} {'meas s':>8}  run")
         for r in rows:
             fmt = lambda x, f: format(x, f) if x is not None else "-"  # noqa: E731
             print(f"{r['state']:<11} {r['launcher']:<8} {r['layout']:<22} {r['steps']:>9} {fmt(r['loss'], '8.4f'):>8} "
                   f"{fmt(r['predicted_step_s'], '8.3f'):>8} {fmt(r['measured_step_s'], '8.3f'):>8}  {r['run']}")
         return 0
-    if not (args.run / PLAN_JSON).exists():
-        return print_rejection([Problem("run", f"{args.run} is not a run directory (no plan.json).",
-                                        "orchestrate-runs list shows the runs.")], "done")
+    refused = runs.run_problems(args.run, resume=args.command == "resume")
+    if refused:
+        return print_rejection(refused, "done")
     if args.command == "status":
         return runs.show_status(args.run)
     if args.command == "logs":

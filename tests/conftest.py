@@ -29,6 +29,32 @@ def run_cli(args: list[str], tmp_path: Path, env: dict | None = None, timeout: i
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
 
 
+def run_cli_here(args: list[str], tmp_path: Path):
+    """`orchestrate ARGS` through its console script's own function in this process, without
+    starting an interpreter: for command lines that plan, refuse or write a plan but start no
+    rank (a refusal, launcher=dry). Exit status, stdout and stderr as run_cli gives them."""
+    import io
+    import signal
+    import subprocess
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from orchestrator.cli import main
+
+    argv = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", *args]  # a later one of args wins
+    out, err, mask, sigint = io.StringIO(), io.StringIO(), os.umask(0o022), signal.getsignal(signal.SIGINT)
+    os.umask(mask)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        os.umask(mask)  # a run sets owner-only files for its own process
+        signal.signal(signal.SIGINT, sigint)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def losses_by_step(run_dir: Path) -> dict:
     """The loss each step ended with (metrics.jsonl), a re-run step taken from its latest attempt."""
     import json

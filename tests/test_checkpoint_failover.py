@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, failovers, losses_by_step, run_cli, samples_read
+from conftest import ROOT, failovers, losses_by_step, run_cli, run_cli_here, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16"]
@@ -40,12 +40,21 @@ def saved(tmp_path_factory):
     return {"a": a, "b": b}
 
 
-def _checkpoint_content(ckpt: Path, tmp: Path) -> dict:
+@pytest.fixture(scope="module")
+def saved_content(saved):
+    """What each saved checkpoint holds, as full tensors (read once per checkpoint for the file)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    out = tmp / "ckpt.pt"
-    dcp_to_torch_save(str(ckpt / "step_00000002"), str(out))
-    return torch.load(out, weights_only=False)
+    cache = {}
+
+    def content(source: str) -> dict:
+        if source not in cache:
+            out = saved[source].parent / f"ckpt_{source}.pt"
+            dcp_to_torch_save(str(saved[source] / "step_00000002"), str(out))
+            cache[source] = torch.load(out, weights_only=False)
+        return cache[source]
+
+    return content
 
 
 @pytest.mark.parametrize("source,layout", [
@@ -53,11 +62,13 @@ def _checkpoint_content(ckpt: Path, tmp: Path) -> dict:
     ("a", ["cluster.nodes=1", "hardware.gpus_per_node=1"]),
     ("b", ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2"]),  # TP1 x DP2, PP1
 ], ids=["TP2xDP2->DP4", "TP2xDP2->DP1", "PP2xTP2->TP1xDP2(PP1)"])
-def test_checkpoint_reshards_into_another_layout(tmp_path, saved, uninterrupted, source, layout):
+def test_checkpoint_reshards_into_another_layout(tmp_path, saved, saved_content, uninterrupted, source, layout):
     dump = tmp_path / "dump"
     url = f"file://{saved[source]}" if source == "a" else str(saved[source])
     # the plan (a dry run), then the trainer on it through a test-side wrapper that dumps what it loaded
-    run(tmp_path, "load", *layout, "training.steps=3", f"training.checkpoint.dir={url}", "launcher=dry")
+    r = run_cli_here([*COMMON, *layout, "training.steps=3", f"training.checkpoint.dir={url}", "launcher=dry"],
+                     tmp_path / "load")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     plan_dir = tmp_path / "load" / "run"
     world = json.loads((plan_dir / "plan.json").read_text())["world_size"]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
@@ -65,7 +76,7 @@ def test_checkpoint_reshards_into_another_layout(tmp_path, saved, uninterrupted,
                        capture_output=True, text=True, timeout=600, cwd=ROOT,
                        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    saved_state = _checkpoint_content(saved[source], tmp_path)
+    saved_state = saved_content(source)
     loaded = {"model": {}, "optim": {}}
     for f in dump.glob("rank*.pt"):
         part = torch.load(f, weights_only=False)
@@ -114,17 +125,16 @@ def test_node_loss_during_a_save_reforms_dp_and_resumes_from_the_previous_checkp
     assert "failover/dp" in acc.Tags()["scalars"]
 
 
-def test_resume_with_a_changed_model_shape_is_refused(tmp_path):
-    ck = tmp_path / "ck"
-    run(tmp_path, "a", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=2",
-        "training.checkpoint.every=2", f"training.checkpoint.dir={ck}")
-    r = run(tmp_path, "b", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=3", "model.hidden=128",
-            f"training.checkpoint.dir={ck}", expect=2)
+def test_resume_with_a_changed_model_shape_is_refused(tmp_path, saved):
+    ck = saved["b"]  # a save at step 2 of this model and data (read, never written, here)
+    r = run_cli_here([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=3", "model.hidden=128",
+                      f"training.checkpoint.dir={ck}"], tmp_path / "b")
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "model.hidden" in r.stderr and "nothing was launched" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "b" / "run" / "logs").exists()
-    r = run(tmp_path, "c", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=3",
-            "training.global_batch=32", f"training.checkpoint.dir={ck}", expect=2)
-    assert "training.global_batch" in r.stderr and "allow_batch_change" in r.stderr
+    r = run_cli_here([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=3",
+                      "training.global_batch=32", f"training.checkpoint.dir={ck}"], tmp_path / "c")
+    assert r.returncode == 2 and "training.global_batch" in r.stderr and "allow_batch_change" in r.stderr
 
 
 def test_async_checkpoint_on_an_s3_object_store(tmp_path, s3_server, uninterrupted):
@@ -143,8 +153,9 @@ def test_async_checkpoint_on_an_s3_object_store(tmp_path, s3_server, uninterrupt
 
 
 def test_bad_fault_and_failover_settings_are_named_before_launch(tmp_path):
-    r = run(tmp_path, "bad", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=2", "fault.kill_node=3",
-            "failover.batch_policy=guess", expect=2)
+    r = run_cli_here([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=2", "fault.kill_node=3",
+                      "failover.batch_policy=guess"], tmp_path / "bad")
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     for key in ("[fault.kill_node]", "[fault.at_step]", "[failover.batch_policy]"):
         assert key in r.stderr, r.stderr
     assert "nothing was launched" in r.stderr and "Traceback" not in r.stderr

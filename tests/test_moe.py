@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import failovers, losses_by_step, run_cli
+from conftest import failovers, losses_by_step, run_cli, run_cli_here
 
 COMMON = ["hardware=cpu", "model=tiny_moe", "launcher=local", "figures=false", "training.adam_eps=0.01"]
 
@@ -65,6 +65,12 @@ def reference(ref_dir):
     return metrics(ref_dir, "single")["loss"]
 
 
+@pytest.fixture(scope="module")
+def ref_weights(ref_dir):
+    """The reference's tensors at step 4 and at step 2 (read once for the file)."""
+    return weights(ref_dir, "single"), weights(ref_dir, "single", 2)
+
+
 def _same(got: list[float], want: list[float], rel: float = 1e-5) -> None:
     assert len(got) <= len(want)
     for step, (a, b) in enumerate(zip(got, want)):
@@ -86,20 +92,20 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_moe_layout_matches_single_process(tmp_path, ref_dir, reference, name):
+def test_moe_layout_matches_single_process(tmp_path, ref_weights, reference, name):
     overrides = LAYOUTS[name]
-    ref, ref_weights = reference, None
+    ref, own_weights = reference, None
     if "model.moe.dense_layers=0" in overrides:  # a different model: its own reference
         run(tmp_path, "single", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=4",
             "model.moe.dense_layers=0", *SAVE)
-        ref, ref_weights = metrics(tmp_path, "single")["loss"], (weights(tmp_path, "single"),
+        ref, own_weights = metrics(tmp_path, "single")["loss"], (weights(tmp_path, "single"),
                                                                  weights(tmp_path, "single", 2))
     run(tmp_path, name, *overrides, "training.steps=4", *SAVE)
     got = metrics(tmp_path, name)["loss"]
     assert len(got) == 4
     _same(got, ref)
     assert got[-1] < got[0]
-    want, earlier = ref_weights or (weights(ref_dir, "single"), weights(ref_dir, "single", 2))
+    want, earlier = own_weights or ref_weights
     _same_weights(weights(tmp_path, name), want, earlier)
 
 
@@ -123,14 +129,14 @@ def test_contract_command_trains_and_checkpoints_reshard_across_ep(tmp_path, ref
             assert after[step] == pytest.approx(reference[step], rel=1e-5), (name, step)
 
 
-def test_experts_sharded_over_edp_match_and_report_load_and_traffic(tmp_path, ref_dir, reference):
+def test_experts_sharded_over_edp_match_and_report_load_and_traffic(tmp_path, ref_weights, reference):
     """EP2 over DP4 on 2 x 2: edp = 2, the experts FSDP-sharded over the expert data-parallel
     group. Losses and weights as the single process; TensorBoard shows the load and traffic."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run(tmp_path, "tb", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.ep=2", "training.steps=4", *SAVE)
     _same(metrics(tmp_path, "tb")["loss"], reference)
-    _same_weights(weights(tmp_path, "tb"), weights(ref_dir, "single"), weights(ref_dir, "single", 2))
+    _same_weights(weights(tmp_path, "tb"), *ref_weights)
     rd = tmp_path / "tb" / "run"
     acc = EventAccumulator(str(rd / "tensorboard"), size_guidance={"scalars": 0}).Reload()
     tags = set(acc.Tags()["scalars"])
@@ -198,7 +204,8 @@ def test_replan_says_why_ep_cannot_survive(tmp_path):
     ("copies", ["layout.ep=2", "layout.dp_shard=2"], "layout.dp_shard"),
 ])
 def test_runtime_refuses_what_it_does_not_run_before_launch(tmp_path, name, overrides, problem):
-    r = run(tmp_path, name, "cluster.nodes=1", "hardware.gpus_per_node=4", *overrides, expect=2)
+    r = run_cli_here([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=4", *overrides], tmp_path / name)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     assert problem in r.stdout + r.stderr
     assert not (tmp_path / name / "run" / "logs").exists()
 

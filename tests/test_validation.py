@@ -100,11 +100,12 @@ INVALID = [
     (["model=llama3_405b", "cluster.nodes=2", "layout.tp=8", "training.seq_len=8192"],
      "hardware.gpu_memory_gb, training.recompute, layout", "GiB"),
     (["model=llama3_8b", "layout.ep=2", "cluster.nodes=1"], "layout.ep, model.moe.experts", "dense"),
-    (["model=llama3_8b", "layout.order=[tp,xx,dp]"], "layout.order", "unknown axis"),
+    (["model=llama3_8b", "layout.order=[tp,xx,dp]"], "layout.order", "[1]='xx': not an axis name"),
+    (["model=llama3_8b", "layout.order=[tp,dp,tp]"], "layout.order", "[2]='tp': named before"),
     (["model=llama3_8b", "layout.dp=many"], "layout.dp", "positive integer or 'auto'"),
     (["model=llama3_8b", "cluster.nodes=0"], "cluster.nodes", "must be positive"),
     (["model=llama3_8b", "cluster.nodes=4", "layout.pp=4", "layout.stage_layers=[8,8,8]"],
-     "layout.stage_layers", "needs 4 entries"),
+     "layout.stage_layers", "it has 3 entries, layout.pp=4 stages need one each"),
     (["model=llama3_8b", "cluster.nodes=2", "layout.ep=1", "model.moe.experts=8", "model.moe.experts_per_token=2",
       "model.moe.expert_ffn_hidden=1024", "layout.ep=16", "layout.tp=8", "layout.etp=8"],
      "layout.ep, layout.etp", "expert grid"),
@@ -132,6 +133,50 @@ def test_invalid_configuration_has_its_own_clear_error(overrides, key, words):
     assert all(e.fix for e in plan.errors), "every error says what to do"
     with pytest.raises(PlanError):
         plan.raise_if_invalid()
+
+
+LIST_ENTRIES = [  # a list refused for some of its entries: those entries, by index and value, and a fix that runs
+    (L405 + ["cluster.nodes=1024", "layout.tp=8", "layout.pp=16", "layout.vp=8"], "[0]=7, [15]=7 are below 8"),
+    (L405 + ["cluster.nodes=1024", "layout.tp=8", "layout.pp=16", "layout.vp=2",
+             "layout.stage_layers=[1,8,8,8,8,8,8,8,8,8,8,8,8,8,8,13]"], "[0]=1 is below 2"),
+    (L405 + ["cluster.nodes=1024", "layout.tp=8", "layout.pp=16", "layout.stage_layers=[7,8,8]"], "3 entries"),
+    (["model=tiny", "hardware=cpu", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.pp=2",
+      "schedule=interleaved_1f1b", "layout.vp=8", "layout.stage_layers=[2,2]"], "[0]=2, [1]=2 are below 8"),
+]
+
+
+@pytest.mark.parametrize("overrides,named", LIST_ENTRIES, ids=[n for _, n in LIST_ENTRIES])
+def test_stage_layers_names_the_entries_and_its_fix_plans(overrides, named):
+    import re
+
+    plan = plan_of(*overrides)
+    (e,) = [e for e in plan.errors if e.key == "layout.stage_layers"]
+    assert named in e.message, str(e)
+    fix = re.findall(r"(layout\.(?:vp|stage_layers)=(?:\[[\d,]+\]|\d+))", e.fix)
+    assert any(f.startswith("layout.stage_layers=") for f in fix), str(e)
+    fixed = plan_of(*overrides, *fix)  # what the fix says, planned: no complaint about the split is left
+    assert not [x for x in fixed.errors if "stage_layers" in x.key or "layout.vp" in x.key], fixed.errors
+
+
+def test_other_lists_name_their_entries():
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+    from orchestrator.launch.preflight import fault_problems
+
+    from orchestrator.launch.preflight import allow_problems
+
+    problems = allow_problems(typed(compose(["training.resume.allow=[model.rope_theta,training.sed,nope]"])))
+    named = {e.key: e for e in problems}
+    assert sorted(named) == ["training.resume.allow[1]", "training.resume.allow[2]"], problems
+    assert named["training.resume.allow[1]"].fix == "did you mean training.seed?"
+    assert "'nope'" in named["training.resume.allow[2]"].message and "training.seed" in named["training.resume.allow[2]"].fix
+    plan = plan_of("+fabric.tiers=[{name:rack,size:8,gbps:50,latency_us:2},{name:pod,size:0,gbps:25,latency_us:-1}]")
+    (e,) = [e for e in plan.errors if e.key.startswith("fabric.tiers")]
+    assert e.key == "fabric.tiers[1]" and "size=0, latency_us=-1" in e.message, str(e)
+    spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=4", "fault.kind=kill_node", "fault.at_step=2",
+                          "fault.kill_node=[1,7,1]", "training.steps=5"]))
+    (e,) = [p for p in fault_problems(spec) if p.key == "fault.kill_node"]
+    assert "[1]=7 is not a node of 0 .. 3" in e.message and "[2]=1 named before" in e.message, str(e)
 
 
 def test_errors_are_collected_not_only_the_first():

@@ -193,11 +193,13 @@ def compose_problem(e: Exception, overrides: list[str]) -> Problem:
         return Problem(group, f"has no option {bad!r}.", f"use one of {options}." if options else
                        "check the option's name (orchestrate --help lists them).")
     if isinstance(e, OverrideParseException):
-        import re
-
-        m = re.search(r"([A-Za-z_+~][\w.\-/@]*)=", text)
-        return Problem(m.group(1).lstrip("+~") if m else "command line", f"cannot be parsed: {text.splitlines()[0]}",
-                       "write overrides as key=value, quoting values with spaces or newlines ('...').")
+        return parse_problem(e)
+    if text.startswith(("Sweep parameters '", "Ambiguous value for argument '")):  # a sweep without -m
+        line = text.split("'")[1]
+        key = line.split("=", 1)[0].lstrip("+~")
+        return Problem(key, f"{line!r} is a sweep: it needs -m (--multirun).",
+                       f"sweep it with orchestrate -m ..., or give one value; a list is {key}=[a,b], a string with "
+                       f"a comma is quoted: {key}='a,b'.")
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError
 
     key = getattr(e, "full_key", None) or getattr(cause, "full_key", None)
@@ -224,6 +226,22 @@ def compose_problem(e: Exception, overrides: list[str]) -> Problem:
     if "missing mandatory value" in (text + detail).lower():
         return Problem(key or "config", "has no value ('???').", "set it on the command line, e.g. key=value.")
     return Problem(key or "config", detail, _value_fix(key))
+
+
+def parse_problem(e: Exception) -> Problem:
+    """Hydra's override parser refused a command-line override: the key, Hydra's reason, the grammar."""
+    import re
+
+    text = str(e).strip()
+    line = getattr(e, "override", None) or ""
+    m = re.match(r"\s*([+~]{0,2}[A-Za-z_][\w.\-/@]*)\s*=", line) or re.search(r"([A-Za-z_+~][\w.\-/@]*)=", text)
+    reason = " ".join(x.strip() for x in text.splitlines()
+                      if x.strip() and not x.startswith(("Error parsing override", "See https://")))
+    return Problem(m.group(1).lstrip("+~") if m else "command line",
+                   f"{line!r} cannot be parsed: {reason or text.splitlines()[0]}" if line else f"cannot be parsed: {reason}",
+                   "write overrides as key=value, quoting values with spaces, commas, brackets or newlines ('...'); a sweep "
+                   "is a,b or choice(a,b), range(start,stop[,step]), glob(pattern[,exclude=[...]]), sort(...), "
+                   "shuffle(...) or tag(name,...,sweep) (Hydra's override grammar).")
 
 
 def _fields_at(dotted: str) -> list[str]:

@@ -2,8 +2,12 @@
 the checkpoint location, and whether a checkpoint found there may be resumed by this run."""
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
+import typing
 import uuid
+from functools import lru_cache
 from pathlib import Path
 
 from orchestrator.config.compose import to_dict
@@ -41,11 +45,20 @@ def fault_problems(spec: Config) -> list[Problem]:
             out.append(Problem("fault.at_step", f"fault.kind={f.kind.value} needs a step inside 1 .. {steps - 1}, got "
                                f"{f.at_step}.", f"use fault.at_step between 1 and {steps - 1}."))
     if f.kill_node is not None and f.kind == FaultKind.kill_node:
-        bad = [n for n in f.nodes() if not isinstance(n, int) or not 0 <= n < nodes]
-        if bad or len(set(f.nodes())) != len(f.nodes()) or 1 < len(f.nodes()) >= nodes:
-            out.append(Problem("fault.kill_node", f"{f.kill_node} is not one node, or a list of distinct nodes that "
-                               f"leaves one alive, of 0 .. {nodes - 1} (cluster.nodes is {nodes}).",
-                               f"use 0 .. {nodes - 1}, e.g. fault.kill_node=1 or fault.kill_node=[1,2]."))
+        listed = f.nodes()
+        named = (lambda i, n: f"[{i}]={n!r}") if isinstance(f.kill_node, (list, tuple)) else (lambda i, n: repr(n))
+        bad = [named(i, n) for i, n in enumerate(listed)
+               if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < nodes]
+        twice = [named(i, n) for i, n in enumerate(listed) if n in listed[:i]]
+        why = ([f"{', '.join(bad)} {'is not a node' if len(bad) == 1 else 'are not nodes'} of 0 .. {nodes - 1} "
+                f"(cluster.nodes is {nodes})"] if bad else []) + \
+              ([f"{', '.join(twice)} named before"] if twice else []) + \
+              ([f"{len(listed)} nodes would leave none of cluster.nodes={nodes} alive"]
+               if 1 < len(listed) >= nodes else [])
+        if why:
+            out.append(Problem("fault.kill_node", f"{f.kill_node}: " + "; ".join(why) + ".",
+                               f"name distinct nodes of 0 .. {nodes - 1} that leave one alive, e.g. fault.kill_node=1"
+                               + (f" or fault.kill_node=[0,{nodes - 2}]" if nodes > 2 else "") + "."))
         if f.mode != FaultMode.random and f.at_step is None:
             out.append(Problem("fault.at_step", f"fault.kill_node={f.kill_node} needs the step to kill it at.",
                                "set fault.at_step=<step>, or fault.mode=random."))
@@ -75,6 +88,51 @@ def fault_problems(spec: Config) -> list[Problem]:
     return out
 
 
+def path_problems(key: str, path: str | Path) -> list[Problem]:
+    """A local path this program will create or read (a run or sweep directory, a checkpoint
+    folder): each name within the file system's NAME_MAX and the whole within its PATH_MAX, so a
+    path the system cannot hold is refused naming its key instead of failing on first use."""
+    text = str(path)
+    if "\x00" in text:
+        return [Problem(key, f"{text!r} contains a NUL character.", "use a plain path.")]
+    if not text.strip():
+        return [Problem(key, "is empty: the files would be written into the current folder, among yours.",
+                        f"name a folder of its own, e.g. {key}=outputs/my_folder.")]
+    full = Path(os.path.abspath(text))
+    base = next((p for p in (full, *full.parents) if os.path.isdir(p)), Path("/"))
+    name_max, path_max = _limit(base, "PC_NAME_MAX", 255), _limit(base, "PC_PATH_MAX", 4096)
+    long = [part for part in full.parts if len(os.fsencode(part)) > name_max]
+    if long:
+        return [Problem(key, f"{_short(text)}: the name {_short(long[0])} is {len(os.fsencode(long[0]))} bytes "
+                        f"long; the file system at {base} allows {name_max} bytes per name.",
+                        f"use names of at most {name_max} bytes, e.g. {key}="
+                        f"{Path(*(x if x not in long else x[:40] for x in full.parts))}.")]
+    if len(os.fsencode(str(full))) >= path_max:
+        return [Problem(key, f"{_short(text)} is {len(os.fsencode(str(full)))} bytes long; the file system at "
+                        f"{base} allows paths of {path_max - 1} bytes.", "use a shorter path.")]
+    return []
+
+
+def folder_problems(key: str, text: str) -> list[Problem]:
+    """A run's or a sweep's own folder, as typed: a local path the file system can hold (not a URL)."""
+    if "://" in text:
+        return [Problem(key, f"{text!r} is a URL: a run's or a sweep's directory is a local folder (plans, logs, "
+                        "status).", f"give a path, e.g. {key}=outputs/my_run; checkpoints may go to a URL "
+                        "(training.checkpoint.dir).")]
+    return path_problems(key, text)
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    try:
+        return os.pathconf(path, name)
+    except (OSError, ValueError):
+        return default
+
+
+def _short(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else f"{text[:n // 2]}...{text[-n // 4:]}")
+
+
 def location_problems(url: str, writes: bool) -> list[Problem]:
     """The checkpoint URL: a known protocol, no path tricks, not a system directory, and
     (when the run saves) writable: a probe file is written, read back and removed."""
@@ -89,6 +147,9 @@ def location_problems(url: str, writes: bool) -> list[Problem]:
     if ".." in Path(path).parts or "\n" in url or "\x00" in url:
         return [Problem(key, f"{url!r} contains '..' or a control character.", "use a plain, absolute location.")]
     if protocol in ("file", "local"):
+        too_long = path_problems(key, path)
+        if too_long:
+            return too_long
         p = Path(path).resolve()
         if p == Path("/") or any(p == Path(d) or Path(d) in p.parents for d in SYSTEM_DIRS):
             return [Problem(key, f"{url!r} is a system location ({p}).", "point it at a directory of your own.")]
@@ -135,9 +196,40 @@ def resume_problems(spec: Config, url: str) -> list[Problem]:
             for k, m in ckpt.compatibility_problems(meta, to_dict(spec.model), to_dict(spec.training))]
 
 
+@lru_cache(maxsize=1)
+def resume_keys() -> tuple[str, ...]:
+    """What `training.resume.allow` may name: every model key (but its name) and the data stream's."""
+    from orchestrator.config.schema import ModelConfig
+
+    def leaves(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            t = hints[f.name]
+            inner = [a for a in typing.get_args(t) if a is not type(None)] if typing.get_origin(t) is typing.Union else [t]
+            t = inner[0] if len(inner) == 1 else t
+            yield from leaves(t, f"{prefix}{f.name}.") if dataclasses.is_dataclass(t) else [f"{prefix}{f.name}"]
+
+    return tuple(k for k in leaves(ModelConfig, "model.") if k != "model.name") + ckpt.DATA_KEYS
+
+
+def allow_problems(spec: Config) -> list[Problem]:
+    """training.resume.allow entries a resume does not check would allow nothing: named, by index."""
+    import difflib
+
+    known = list(resume_keys())
+    out = []
+    for i, k in enumerate(spec.training.resume.allow or []):
+        if k not in known:
+            near = difflib.get_close_matches(str(k), known, n=1)
+            out.append(Problem(f"training.resume.allow[{i}]", f"{k!r} is not a key a resume checks: it would allow "
+                               "nothing.", f"did you mean {near[0]}?" if near else
+                               f"name model keys (e.g. model.rope_theta) or {', '.join(known[-3:])}."))
+    return out
+
+
 def preflight(spec: Config, run_dir: Path) -> list[Problem]:
     """Everything a launcher checks before it starts or submits anything."""
-    problems = fault_problems(spec)
+    problems = fault_problems(spec) + allow_problems(spec)
     url = ckpt.url_for(spec.training.checkpoint.dir, run_dir)
     problems += location_problems(url, writes=spec.training.checkpoint.every > 0)
     if problems:

@@ -18,9 +18,58 @@ from orchestrator.rundir import checkpoints as ckpt
 
 
 def plan_json(run_dir: Path, latest: bool = True) -> dict:
-    """The run's plan.json: its latest attempt's (after failovers) or its first."""
+    """The run's plan.json: its latest attempt's (after failovers) or its first. Raises OSError,
+    or ValueError for a file that is not a plan the planner wrote (no `config` mapping)."""
     dirs = rundir.attempt_dirs(run_dir)
-    return json.loads(((dirs[-1] if latest else dirs[0]) / rundir.PLAN_JSON).read_text())
+    path = (dirs[-1] if latest else dirs[0]) / rundir.PLAN_JSON
+    try:
+        plan = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("config"), dict):
+        raise ValueError(f"{path} holds no plan (no 'config' mapping)")
+    return plan
+
+
+def run_problems(run_dir: Path, resume: bool = False) -> list:
+    """Why `run_dir` is not a run directory orchestrate wrote (and, to resume it, one whose
+    config can be composed again): a path the file system cannot hold, no plan.json, a plan.json,
+    .hydra/overrides.yaml or .hydra/hydra.yaml another program wrote or that is damaged."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.errors import Problem
+    from orchestrator.launch.preflight import path_problems
+
+    fix = "orchestrate-runs list shows the runs (orchestrate-runs list --root DIR for another folder)."
+    out = path_problems("run", run_dir)
+    if out:
+        return out
+    run_dir = Path(run_dir)
+    if not (run_dir / rundir.PLAN_JSON).is_file():
+        return [Problem("run", f"{run_dir} is not a run directory (no plan.json).", fix)]
+    for latest in (False, True):
+        try:
+            plan_json(run_dir, latest)
+        except (OSError, ValueError) as e:
+            return [Problem("run", f"{run_dir} is not a run directory orchestrate wrote, or it is damaged: "
+                            f"{str(e).splitlines()[0]}.", fix)]
+    if not resume:
+        return []
+    hydra = run_dir / rundir.HYDRA_DIR
+    try:
+        old = OmegaConf.to_container(OmegaConf.load(hydra / "overrides.yaml"))
+        if not isinstance(old, list) or not all(isinstance(o, str) for o in old):
+            raise ValueError("not a list of overrides")
+        if (hydra / "hydra.yaml").exists():
+            h = OmegaConf.load(hydra / "hydra.yaml").hydra
+            str(h.job.config_name), list(h.runtime.config_sources)
+    except Exception as e:  # noqa: BLE001 - any reader's error: the files are not what orchestrate writes
+        return [Problem("run", f"{run_dir} cannot be resumed: its {rundir.HYDRA_DIR}/ (the overrides and config "
+                        f"sources it was composed with) is missing or damaged ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}).",
+                        "resume a run orchestrate started (orchestrate-runs list), or start a new run with "
+                        "orchestrate and the overrides you want.")]
+    return []
 
 
 def load_plan(run_dir: Path, latest: bool = True):
@@ -42,9 +91,10 @@ def final_line(run_dir: Path) -> str:
     state_now = state(run_dir)
     status = read_status(run_dir)
     try:
-        url = ckpt.url_for(plan_json(run_dir)["config"]["training"]["checkpoint"]["dir"], run_dir)
+        setting = _at(plan_json(run_dir), "config", "training", "checkpoint", "dir")
+        url = ckpt.url_for(setting if isinstance(setting, str) else None, run_dir)
         latest = ckpt.latest_complete(url)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError):
         url, latest = None, None
     where = (f"last complete checkpoint: step {latest} in {ckpt.step_dir(url, latest)}" if latest is not None else
              "no complete checkpoint")
@@ -61,8 +111,8 @@ def _what(run_dir: Path, status: dict, now: str) -> str:
     from orchestrator.launch.status import steps_completed
 
     try:
-        steps = plan_json(run_dir)["config"]["training"]["steps"]
-    except (OSError, ValueError, KeyError):
+        steps = _at(plan_json(run_dir), "config", "training", "steps") or "?"
+    except (OSError, ValueError):
         steps = "?"
     done = steps_completed(run_dir, range(10**6))
     job = f" (SLURM job {status['job_id']})" if status.get("job_id") else ""
@@ -70,9 +120,9 @@ def _what(run_dir: Path, status: dict, now: str) -> str:
         return f"waiting in the queue{job}, nothing has run yet" if not done else f"waiting in the queue{job}"
     if now in ("running", "re-forming"):
         doing = "re-forming after a failure" if now == "re-forming" else "training"
-        return (f"attempt {status.get('attempt', 0)}{job} {doing}"
-                f" on {len(status.get('nodes') or [])} node(s), layout {status.get('layout', '?')}: step {done} of "
-                f"{steps} done")
+        nodes = len(status["nodes"]) if isinstance(status.get("nodes"), list) else "?"
+        return (f"attempt {status.get('attempt', 0)}{job} {doing} on {nodes} node(s), layout "
+                f"{status.get('layout', '?')}: step {done} of {steps} done")
     return f"{now}{job} after step {done} of {steps}, with no reason recorded (see failover.json and the logs)"
 
 
@@ -90,14 +140,22 @@ def summary(run_dir: Path) -> dict:
 
     run_dir = Path(run_dir)
     pj = plan_json(run_dir)
-    metrics = read_metrics(run_dir)
+    metrics = [m for m in read_metrics(run_dir) if isinstance(m.get("step"), int)]
     steps = rundir.last_attempt_times(run_dir)
-    return {"run": str(run_dir), "state": state(run_dir), "launcher": pj["config"]["launcher"]["name"],
-            "layout": pj.get("layout", {}).get("label", "-"),
-            "steps": f"{max((m['step'] + 1 for m in metrics), default=0)}/{pj['config']['training']['steps']}",
-            "loss": metrics[-1]["loss"] if metrics else None,
-            "predicted_step_s": pj.get("step", {}).get("wall_s"),
+    loss = metrics[-1].get("loss") if metrics else None
+    return {"run": str(run_dir), "state": state(run_dir), "launcher": _at(pj, "config", "launcher", "name") or "-",
+            "layout": _at(pj, "layout", "label") or "-",
+            "steps": f"{max((m['step'] + 1 for m in metrics), default=0)}/{_at(pj, 'config', 'training', 'steps')}",
+            "loss": loss if isinstance(loss, (int, float)) else None,
+            "predicted_step_s": _at(pj, "step", "wall_s"),
             "measured_step_s": rundir.measured_step_s(steps) if steps else None}
+
+
+def _at(d, *keys):
+    """d[k1][k2]..., or None where a level is missing or not a mapping (a plan from another version)."""
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
 
 
 def code_drift(run_dir: Path) -> list[str]:
@@ -107,7 +165,10 @@ def code_drift(run_dir: Path) -> list[str]:
     try:
         then = json.loads((Path(run_dir) / rundir.RUN_MANIFEST).read_text())
     except (OSError, ValueError):
-        return ["the run has no manifest.json: what produced it is unknown"]
+        then = None
+    if not isinstance(then, dict) or not isinstance(then.get("code", {}), dict) \
+            or not isinstance(then.get("versions", {}), dict):
+        return ["the run has no readable manifest.json: what produced it is unknown"]
     now = manifest([])
     out = []
     a, b = then.get("code", {}), now.get("code", {})
@@ -132,10 +193,12 @@ def show_status(run_dir: Path) -> int:
     for key in ("job_id", "attempt", "nodes"):
         if key in status:
             print(f"{key:<9} {status[key]}")
-    if status.get("control", {}).get("dropped_total"):  # control messages refused (launch/control.py)
-        print(f"control   {status['control']['dropped_total']} message(s) dropped: {status['control']['dropped']}")
-    for s in status.get("stragglers", []):  # launch/stragglers.py
-        print(f"straggler {s['what']}")
+    control = status.get("control")
+    if isinstance(control, dict) and control.get("dropped_total"):  # control messages refused (launch/control.py)
+        print(f"control   {control['dropped_total']} message(s) dropped: {control.get('dropped')}")
+    for s in status.get("stragglers") or []:  # launch/stragglers.py
+        if isinstance(s, dict):
+            print(f"straggler {s.get('what')}")
     for e in read_events(run_dir):
         print(f"event     {e.get('mode')}: " + ", ".join(f"{k}={e[k]}" for k in ("nodes_lost", "steps_lost", "recovery_s",
                                                                                  "resumed_from_step") if k in e))
@@ -159,14 +222,24 @@ def cancel(run_dir: Path) -> int:
     status = read_status(run_dir)
     job = last_job(run_dir)
     if job is not None:
-        subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
+        try:
+            r = subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60, capture_output=True, text=True)
+            failed = f"exit status {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}" if r.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as e:
+            failed = f"{type(e).__name__}: {e}"
+        if failed:  # the run's status is left as it is: the job may still run
+            print(f"scancel {job['job_id']} failed ({failed}): the job may still run", file=sys.stderr)
+            return EXIT_FAILED
         write_status(run_dir, state="cancelled", message=f"cancelled by the user (SLURM job {job['job_id']})")
         print(f"cancelled SLURM job {job['job_id']}")
         return 0
     pid = status.get("pid")
     if pid and status.get("state") in ("running", "re-forming"):
+        if not (isinstance(pid, int) and pid > 1 and _alive(pid)):  # never a pid that is not a live orchestrator
+            print(f"{run_dir}: its launcher (pid {pid!r}) is not running: nothing to cancel")
+            return 0
         try:
-            os.kill(int(pid), signal.SIGTERM)  # the local launcher stops its ranks, then exits
+            os.kill(pid, signal.SIGTERM)  # the local launcher stops its ranks, then exits
         except ProcessLookupError:
             pass
         write_status(run_dir, state="cancelled", message="cancelled by the user")
@@ -209,8 +282,8 @@ def last_job(run_dir: Path) -> dict | None:
     path = Path(run_dir) / rundir.SLURM_JOBS
     if not path.exists():
         return None
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    return json.loads(lines[-1]) if lines else None
+    jobs = [j for j in rundir.read_jsonl(path) if isinstance(j.get("job_id"), (str, int)) and j.get("folder")]
+    return jobs[-1] if jobs else None  # a line another program wrote names no job of this run
 
 
 def slurm_state(job_id: str) -> str | None:
@@ -226,7 +299,8 @@ def state(run_dir: Path) -> str:
     """Where the run stands. A job SLURM says has ended while its status still says it runs
     ended without its supervisor (cancelled, or its node lost): that is said plainly."""
     status = read_status(run_dir)
-    current = status.get("state", "unknown")
+    current = status.get("state")
+    current = current if isinstance(current, str) and current else "unknown"
     job = last_job(run_dir)
     if current not in DONE and status.get("launcher") == "local" and status.get("pid") and not _alive(status["pid"]):
         new_msg = (f"the supervisor (orchestrate, pid {status['pid']}) is gone, killed or its machine lost, while the "

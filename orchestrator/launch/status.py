@@ -10,9 +10,10 @@ from orchestrator import rundir
 
 def read_status(run_dir: Path) -> dict:
     try:
-        return json.loads((Path(run_dir) / rundir.STATUS_JSON).read_text())
+        status = json.loads((Path(run_dir) / rundir.STATUS_JSON).read_text())
     except (OSError, ValueError):
         return {}
+    return status if isinstance(status, dict) else {}  # another program's status.json says nothing here
 
 
 def write_status(run_dir: Path, **fields) -> dict:
@@ -28,7 +29,7 @@ def steps_completed(run_dir: Path, attempts) -> int:
     """Steps the given attempts completed (from rank 0's metrics.jsonl); 0 if none."""
     done = 0
     for rec in read_metrics(run_dir):
-        if rec.get("attempt") in attempts:
+        if rec.get("attempt") in attempts and isinstance(rec.get("step"), int):
             done = max(done, rec["step"] + 1)
     return done
 

@@ -12,27 +12,147 @@ finished (`launcher.wait=true`), the measured ones.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import datetime
 from pathlib import Path
 
 from orchestrator import rundir
 
+MAX_POINTS = 100_000  # a sweep plans every point: beyond this it would not end (layout=auto searches instead)
 
-def expand(args: list[str]) -> list[list[str]]:
+
+def expand(args: list[str], config_dir: str | None = None) -> list[list[str]]:
+    """The sweep's points, each a list of overrides, exactly as Hydra's BasicSweeper makes them
+    for `@hydra.main` with `-m`: Hydra's parser with the config loader (so `glob(...)` lists a
+    config group's options, the site's `--config-dir` ones too), then BasicSweeper.split_arguments
+    (a key given twice keeps its first place and its last value). The `hydra.*` overrides are
+    Hydra's, not a point's. Raises ConfigError where Hydra refuses the sweep (a parse error,
+    `interval(...)`, sweeping Hydra's own config) and where a sweep would have no point."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
 
-    overrides = OverridesParser.create().parse_overrides(args)
-    return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
+    from orchestrator.config.compose import hydra_app, parse_problem
+    from orchestrator.config.errors import ConfigError, Problem
+
+    parser = OverridesParser.create(config_loader=hydra_app(config_dir).config_loader)
+    try:
+        overrides = parser.parse_overrides(list(args))
+    except OverrideParseException as e:
+        raise ConfigError([parse_problem(e)]) from None
+    problems = [Problem(o.key_or_group, f"Sweeping over Hydra's configuration is not supported : {o.input_line!r}.",
+                        f"give {o.key_or_group} one value (each point's run directory is hydra.sweep.dir/<point>).")
+                for o in overrides if o.is_hydra_override() and o.is_sweep_override()]
+    task = [o for o in overrides if not o.is_hydra_override()]
+    for o in task:
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            try:
+                BasicSweeper.split_arguments([o], None)
+                refusal = f"{o.value_type.name} cannot be enumerated"
+            except HydraException as e:  # Hydra's own words
+                refusal = str(e)
+            problems.append(Problem(o.get_key_element().lstrip("+~"), f"{o.input_line!r}: {refusal}: interval(a,b) "
+                                    "is a continuous range, for sweepers that search (Optuna, Nevergrad), not a list "
+                                    "of points.", "list the points: choice(a,b,...) or range(start,stop,step)."))
+    if problems:
+        raise ConfigError(problems)
+    sizes = {o.get_key_element(): _size(o) for o in task}  # a key given twice: its last value counts
+    if math.prod(sizes.values()) > MAX_POINTS:
+        swept = {k: n for k, n in sizes.items() if n != 1}
+        total = math.prod(swept.values())
+        count = "infinitely many" if math.isinf(total) else f"{total:,}"
+        if len(swept) > 1:
+            count = f"{' x '.join('infinitely many' if math.isinf(n) else f'{n:,}' for n in swept.values())} = {count}"
+        raise ConfigError([Problem(", ".join(k.lstrip("+~") for k in swept), f"the sweep would have {count} points, "
+                                   f"more than {MAX_POINTS:,} can be planned.",
+                                   "narrow the ranges (range(start,stop,step) with a larger step), or let layout=auto "
+                                   "search the layouts.")])
+    try:
+        points = [point for batch in BasicSweeper.split_arguments(task, None) for point in batch]
+    except (ValueError, ArithmeticError, HydraException) as e:  # e.g. range(1,5,0): Hydra's words, on the expression
+        bad = next((o for o in task if o.is_sweep_override() and _raises(o)), None)
+        why = "start, stop and step must be finite numbers" if isinstance(e, ArithmeticError) else e
+        raise ConfigError([Problem(bad.get_key_element().lstrip("+~") if bad else "command line",
+                                   f"{bad.input_line if bad else ' '.join(args)!r}: {why}.",
+                                   "a range needs a non-zero step that goes from start towards stop: "
+                                   "range(1,8,2), range(8,0,-2).")]) from None
+    if not points:  # Hydra would launch nothing, silently: say which expression gave no value
+        raise ConfigError([_no_point(o, parser) for o in task if o.is_sweep_override()
+                           and not list(o.sweep_string_iterator())] or
+                          [Problem("command line", "the sweep has no point.", "give each swept key a value.")])
+    return points
+
+
+def _size(o) -> float:
+    """How many values a sweep expression gives, counted without listing them (nor shuffling)."""
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    v = o.value() if o.is_sweep_override() else None
+    if isinstance(v, ChoiceSweep):
+        return len(v.list)
+    if isinstance(v, RangeSweep):
+        try:
+            n = (v.stop - v.start) / v.step
+        except (ArithmeticError, TypeError):
+            return 1  # listing it says what is wrong
+        return max(math.ceil(n), 0) if math.isfinite(n) else (math.inf if n > 0 else 0)
+    return 1
+
+
+def _raises(o) -> bool:
+    try:
+        list(o.sweep_string_iterator())
+    except Exception:  # noqa: BLE001 - which expression Hydra cannot list
+        return True
+    return False
+
+
+def _no_point(o, parser):
+    """A sweep expression that gives no value (a glob matching no option, an empty range)."""
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.types import ValueType
+
+    from orchestrator.config.errors import Problem
+
+    key = o.get_key_element().lstrip("+~")
+    if o.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        options = sorted(parser.config_loader.get_group_options(o.key_or_group, results_filter=ObjectType.CONFIG))
+        if not options:
+            return Problem(key, f"{o.input_line!r}: glob(...) chooses among a config group's options, and "
+                           f"{o.key_or_group} is not a config group.",
+                           f"list the values: {o.key_or_group}=a,b or range(start,stop,step).")
+        return Problem(key, f"{o.input_line!r} matches none of {o.key_or_group}'s options {options}: the sweep "
+                       "would have no point.", f"use a pattern that matches one of {options}.")
+    return Problem(key, f"{o.input_line!r} gives no value: the sweep would have no point.",
+                   "give at least one value (a descending range needs a negative step: range(8,0,-2)).")
 
 
 def run_sweep(args: list[str], config_dir: str | None = None, config_name: str = "config") -> int:
-    sweep_dir = next((Path(a.split("=", 1)[1]) for a in args if a.startswith("hydra.sweep.dir=")), None)
-    args = [a for a in args if not a.startswith(("hydra.sweep.dir=", "hydra.run.dir="))]
-    sweep_dir = sweep_dir or Path("outputs/multirun") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    rows, valid = plan_points(expand(args), sweep_dir, config_dir, config_name)
+    from orchestrator.config.errors import ConfigError, Problem, print_rejection
+
+    try:
+        points = expand(args, config_dir)
+    except ConfigError as e:
+        return print_rejection(e.problems, "planned or launched")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from orchestrator.launch.preflight import folder_problems
+
+    given = [o.value() for o in OverridesParser.create().parse_overrides([a for a in args if a.startswith(
+        "hydra.sweep.dir=")])]  # as Hydra reads it (quotes removed); parsed above already
+    sweep_dir = str(given[-1]) if given else str(Path("outputs/multirun") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    refused = folder_problems("hydra.sweep.dir", sweep_dir)
+    sweep_dir = Path(sweep_dir)
+    if not refused:
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file where a folder should be, no permission, a read-only file system
+            refused = [Problem("hydra.sweep.dir", f"{str(sweep_dir)!r} cannot be created: {e.strerror or e}.",
+                               "choose a directory you can write, e.g. hydra.sweep.dir=outputs/my_sweep.")]
+    if refused:
+        return print_rejection(refused, "planned or launched")
+    rows, valid = plan_points(points, sweep_dir, config_dir, config_name)
     print_table(rows)
     launcher = valid[0][1].spec.launcher.name.value if valid else "dry"
     summary = {"sweep_dir": str(sweep_dir), "launcher": launcher, "points": rows}

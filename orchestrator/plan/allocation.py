@@ -122,14 +122,24 @@ def parse_topology(text: str, source: str = "") -> Topology:
     return topo
 
 
+MAX_TOPOLOGY_BYTES = 64 << 20  # a topology.conf of 100,000 nodes is a few MB
+
+
 def read_topology(path: str | None) -> Topology | None:
     """A topology.conf file, or (path None) what this SLURM cluster reports; None without one."""
     if path:
         p = Path(path)
         try:
+            if not p.is_file():  # a folder, a device (/dev/zero never ends), a pipe: not a topology.conf
+                raise TopologyError(f"{path} is not a file" + ("." if p.exists() else " (it does not exist)."))
+            if p.stat().st_size > MAX_TOPOLOGY_BYTES:
+                raise TopologyError(f"{path} is {p.stat().st_size:,} bytes, more than a topology.conf "
+                                    f"({MAX_TOPOLOGY_BYTES:,}).")
             return parse_topology(p.read_text(), str(p))
         except OSError as e:
             raise TopologyError(f"cannot read {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise TopologyError(f"{path} is not text (byte {e.start} is not UTF-8): not a topology.conf.") from None
     try:
         out = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):

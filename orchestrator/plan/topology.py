@@ -32,11 +32,12 @@ def parse_order(order) -> list[str] | None:
         items = [str(x).strip().lower() for x in order]
     else:
         raise OrderError(f"must be 'auto', a list of axis names or a 'tp-cp-ep-dp-pp' string, got {type(order).__name__}")
-    unknown = [x for x in items if x not in ORDER_AXES]
+    unknown = [f"[{i}]={x!r}" for i, x in enumerate(items) if x not in ORDER_AXES]
     if unknown:
-        raise OrderError(f"unknown axis name(s) {unknown}; use the names {list(ORDER_AXES)}")
-    if len(set(items)) != len(items):
-        raise OrderError(f"axis named twice in {items}")
+        raise OrderError(f"{', '.join(unknown)}: not an axis name; use the names {list(ORDER_AXES)}")
+    twice = [f"[{i}]={x!r}" for i, x in enumerate(items) if x in items[:i]]
+    if twice:
+        raise OrderError(f"{', '.join(twice)}: named before (each axis once)")
     # Axes left out (size 1, or ep for a dense model) go outermost, in canonical order.
     return items + [a for a in ORDER_AXES if a not in items]
 

@@ -92,14 +92,14 @@ def check_values(spec: Config) -> list[Problem]:
             what = "must be positive" if lo > 0 and isinstance(v, (int, float)) and v <= 0 else "is out of range"
             out.append(Problem(key, f"{what}, got {v!r}; a real configuration has {lo:g} <= {key} <= {hi:g}.",
                                f"set {key} to a value in that range."))
-    for i, t in enumerate(list(spec.hardware.tiers) + list(spec.fabric.tiers)):
-        nums = {"size": t.size, "oversubscription": t.oversubscription, "latency_us": t.latency_us,
-                "gbps": 1.0 if t.gbps is None else t.gbps}
-        if not all(math.isfinite(x) and x > 0 for k, x in nums.items() if k != "latency_us") or \
-                not (math.isfinite(t.latency_us) and t.latency_us >= 0) or t.oversubscription < 1:
-            out.append(Problem("hardware.tiers, fabric.tiers", f"tier {t.name!r} needs size > 0, gbps > 0, "
-                               f"oversubscription >= 1 and latency_us >= 0, got {nums}.",
-                               "fix the tier in the hardware preset."))
+    for key, tiers in (("hardware.tiers", spec.hardware.tiers), ("fabric.tiers", spec.fabric.tiers)):
+        for i, t in enumerate(tiers):
+            bad = _tier_fields(t)
+            if bad:
+                out.append(Problem(f"{key}[{i}]", f"tier {t.name!r} has {', '.join(bad)}; a tier needs size > 0, "
+                                   "gbps > 0, oversubscription >= 1 and latency_us >= 0.",
+                                   f"fix {bad[0].split('=')[0]} in {key}[{i}] ({key.split('.')[0]} preset, or "
+                                   f"{key}=[...] on the command line)."))
     hw = spec.hardware
     if not out and hw.power_cap_w is not None and hw.tdp_w is None:
         out.append(Problem("hardware.power_cap_w", f"is {hw.power_cap_w:g} W but hardware={hw.name} states no TDP "
@@ -114,10 +114,33 @@ def check_values(spec: Config) -> list[Problem]:
     if not (dp == "auto" or (isinstance(dp, int) and not isinstance(dp, bool) and 0 < dp <= MAX_WORLD)):
         out.append(Problem("layout.dp", f"must be a positive integer or 'auto', got {dp!r}.", "set layout.dp=auto."))
     sl = spec.layout.stage_layers
-    if sl is not None and not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 4096 for x in sl):
-        out.append(Problem("layout.stage_layers", f"must be layer counts, got {list(sl)[:8]}.",
+    bad = [(i, x) for i, x in enumerate(sl or []) if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 4096]
+    if bad:
+        verb = "is not a layer count" if len(bad) == 1 else "are not layer counts"
+        out.append(Problem("layout.stage_layers", f"{_entries(bad)} {verb} (whole numbers 0 .. 4096, one per "
+                           "pipeline stage).",
                            "e.g. layout.stage_layers=[7,8,8,7], or leave it unset."))
     return out
+
+
+def _entries(bad: list[tuple[int, Any]], most: int = 8) -> str:
+    """List entries by index and value: `[2]=-1, [5]=true` (the first `most`)."""
+    shown = ", ".join(f"[{i}]={x!r}" for i, x in bad[:most])
+    return f"entr{'y' if len(bad) == 1 else 'ies'} {shown}" + (f" (and {len(bad) - most} more)" if len(bad) > most else "")
+
+
+def _tier_fields(t) -> list[str]:
+    """The fields of a network tier that cannot be: `size=0`, `gbps=nan`, ..."""
+    def num(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    bad = [f"size={t.size!r}"] if not (num(t.size) and t.size > 0) else []
+    bad += [f"gbps={t.gbps!r}"] if t.gbps is not None and not (num(t.gbps) and t.gbps > 0) else []
+    bad += [f"oversubscription={t.oversubscription!r}"] if not (num(t.oversubscription) and t.oversubscription >= 1) else []
+    bad += [f"latency_us={t.latency_us!r}"] if not (num(t.latency_us) and t.latency_us >= 0) else []
+    return bad
+
+
 
 
 def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
@@ -388,6 +411,26 @@ def _check_tensor(spec: Config, etp: int, rules: str, problems: list[Problem], w
                         f"embedding pads it to {-(-m.vocab // t) * t}.")
 
 
+def stage_split(want: list[int], layers: int, pp: int, least: int) -> list[int] | None:
+    """A valid layout.stage_layers near a wrong one: pp entries summing to `layers`, each at
+    least `least`; the layers above the minimum shared as `want` weights them (its entries above
+    the minimum, when it has pp entries), else evenly with the ends lighter (uneven_split)."""
+    spare = layers - pp * least
+    if spare < 0:
+        return None
+    weights = [max(x - least, 0) for x in want] if len(want) == pp else []
+    if not sum(weights):
+        even = uneven_split(layers, pp) or ([layers // pp] * pp if layers % pp == 0 else None)
+        if even and min(even) >= least:
+            return even
+        weights = [1] * pp
+    shares = [spare * w / sum(weights) for w in weights]
+    split = [least + int(x) for x in shares]
+    for i in sorted(range(pp), key=lambda i: int(shares[i]) - shares[i])[:layers - sum(split)]:
+        split[i] += 1  # largest remainders first
+    return split
+
+
 def uneven_split(layers: int, pp: int) -> list[int] | None:
     """An uneven split that lightens the ends, which also hold the embedding and the
     output layer: Llama 3 405B's 126 layers on 16 stages are [7, 8, ..., 8, 7]."""
@@ -440,11 +483,28 @@ def _check_pipeline(spec: Config, problems: list[Problem], warnings: list[str]) 
     chunks = sched.chunks(v)
     if lay.stage_layers is not None:  # written by hand: as written, whatever the stack's accounting
         sl = list(lay.stage_layers)
-        if len(sl) != p or sum(sl) != L or min(sl, default=0) < chunks:
-            problems.append(Problem("layout.stage_layers",
-                                    f"needs {p} entries (layout.pp) summing to model.layers={L}, each >= {chunks} "
-                                    f"(model chunks per rank); got {len(sl)} entries summing to {sum(sl)}.",
-                                    f"e.g. layout.stage_layers={uneven_split(L, p) or [L // p] * p}."))
+        wrong = []
+        if len(sl) != p:
+            wrong.append(f"it has {len(sl)} entries, layout.pp={p} stages need one each")
+        if sum(sl) != L:
+            wrong.append(f"its entries sum to {sum(sl)}, model.layers is {L}")
+        low = [(i, x) for i, x in enumerate(sl) if x < chunks]
+        if low:
+            wrong.append(f"{_entries(low)} {'is' if len(low) == 1 else 'are'} below {chunks}: each pipeline rank "
+                         f"holds {chunks} model chunk(s) ({sched.name}, layout.vp={v}), each at least one layer")
+        if wrong:
+            split = stage_split(sl, L, p, chunks)
+            if split:
+                fix = f"e.g. layout.stage_layers=[{','.join(map(str, split))}]" + (
+                    " (your split, each entry raised to the minimum, the rest shared as you weighted it)"
+                    if len(sl) == p and low else "") + "."
+            else:  # no split of L layers gives every rank its chunks: fewer virtual stages
+                fewer = next((x for x in range(v - 1, 0, -1) if p * sched.chunks(x) <= L), None)
+                alt = stage_split(sl, L, p, sched.chunks(fewer)) if fewer else None
+                fix = (f"{p} stages x {chunks} chunk(s) need at least {p * chunks} layers, model.layers is {L}: " +
+                       (f"e.g. layout.vp={fewer} layout.stage_layers=[{','.join(map(str, alt))}]" if alt and fewer > 1
+                        else f"use layout.vp=1 or fewer stages (layout.pp <= {L // max(sched.chunks(1), 1)})") + ".")
+            problems.append(Problem("layout.stage_layers", "; ".join(wrong) + ".", fix))
             return []
         return sl
     if p > L:

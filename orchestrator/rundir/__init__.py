@@ -161,9 +161,11 @@ def read_jsonl(path: Path) -> list[dict]:
     if Path(path).exists():
         for line in Path(path).read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(record, dict):  # a line that is not a record (another program's) is skipped too
+                out.append(record)
     return out
 
 
@@ -173,7 +175,7 @@ def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
     from its latest attempt (the steps that count); without, every attempt's steps (what ran)."""
     run_dir = Path(run_dir)
     if (run_dir / METRICS_JSONL).exists():
-        every = [r for r in read_jsonl(run_dir / METRICS_JSONL) if "step_time_s" in r]
+        every = [r for r in read_jsonl(run_dir / METRICS_JSONL) if _step_record(r)]
         by_step: dict[int, dict] = {}
         for rec in every:
             step = int(rec.get("step", len(by_step)))
@@ -181,11 +183,24 @@ def read_steps(run_dir: Path, latest: bool = True) -> list[dict]:
                 by_step[step] = rec
         return [by_step[s] for s in sorted(by_step)] if latest else every
     if (run_dir / METRICS_JSON).exists():
-        m = json.loads((run_dir / METRICS_JSON).read_text())
+        try:
+            m = json.loads((run_dir / METRICS_JSON).read_text())
+        except (OSError, ValueError):
+            return []
+        if not (isinstance(m, dict) and isinstance(m.get("start_step", 0), int) and isinstance(m.get("attempt", 0), int)
+                and isinstance(m.get("step_time_s") or [], list) and isinstance(m.get("loss") or [], list)):
+            return []  # not what the runtime writes
         start, attempt, loss = int(m.get("start_step", 0)), int(m.get("attempt", 0)), m.get("loss") or []
         return [{"step": start + i, "step_time_s": t, "attempt": attempt, "loss": loss[i] if i < len(loss) else None}
                 for i, t in enumerate(m.get("step_time_s") or [])]
     return []
+
+
+def _step_record(r: dict) -> bool:
+    """A metrics.jsonl record of a finished step, as the runtime writes it (another line is skipped)."""
+    t = r.get("step_time_s")
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and isinstance(r.get("step", 0), int) \
+        and isinstance(r.get("attempt", 0), int)
 
 
 PROFILED = "profiled"  # a metrics.jsonl record's flag: the step ran under the profiler (or its warm-up)

@@ -14,9 +14,10 @@ from orchestrator import rundir
 def read_events(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / rundir.FAILOVER_JSON
     try:
-        return json.loads(path.read_text())
+        events = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
+    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
 
 
 def record(run_dir: Path, event: dict) -> dict:
