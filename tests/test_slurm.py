@@ -142,6 +142,15 @@ def test_a_detached_job_goes_on_in_place_when_its_state_has_copies(cluster, tmp_
     assert samples_read(run) == list(range(40 * 16))
 
 
+def _ended(run: Path, within_s: float = 600) -> str | None:
+    """The state a detached run ends in (its status.json), or the last seen after `within_s`."""
+    deadline, state = time.monotonic() + within_s, None
+    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
+        state = json.loads((run / "status.json").read_text()).get("state")
+        time.sleep(1)
+    return state
+
+
 def test_a_detached_job_names_a_hung_rank_with_its_stack_and_restarts_without_its_node(cluster, tmp_path, reference):
     """fault.kind=hang_rank under SLURM: the supervisor reads the ranks' progress beats in the
     shared run directory; past the deadline the rank furthest behind is named, every task dumps
@@ -152,11 +161,7 @@ def test_a_detached_job_names_a_hung_rank_with_its_stack_and_restarts_without_it
                  "training.steps=12", "training.checkpoint.every=2", "fault.kind=hang_rank", "fault.rank=3",
                  "fault.at_step=5", "failover.progress_deadline_s=10"], tmp_path, timeout=300)
     assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    deadline, state = time.monotonic() + 600, None
-    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
-        state = json.loads((run / "status.json").read_text()).get("state")
-        time.sleep(1)
-    assert state == "completed", (run / "status.json").read_text()
+    assert _ended(run) == "completed", (run / "status.json").read_text()
     (event,) = failovers(run)
     assert event["mode"] == "restart" and "rank 3 (pid" in event["cause"] and "hung" in event["cause"]
     assert event["nodes_lost"] == [event["node"]] and event["nodes_in_service"] != [event["node"]]
@@ -306,11 +311,7 @@ def test_a_hung_copy_is_named_by_its_stall_and_the_others_go_on_in_place(cluster
                  "layout.dp_shard=2", "training.steps=12", "fault.kind=hang_rank", "fault.rank=3", "fault.at_step=5",
                  "failover.quorum_s=5", "failover.timeout_s=120"], tmp_path, timeout=300)
     assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    deadline, state = time.monotonic() + 600, None
-    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
-        state = json.loads((run / "status.json").read_text()).get("state")
-        time.sleep(1)
-    assert state == "completed", (run / "status.json").read_text()
+    assert _ended(run) == "completed", (run / "status.json").read_text()
     (event,) = failovers(run)
     assert event["mode"] == "in_place" and event["copies_lost"] == [1] and event["new_layout"]["dp"] == 2, event
     assert event["survivors_released"] == "abort", event
@@ -354,11 +355,7 @@ def test_a_crashed_rank_stops_the_step_at_once_and_the_run_restarts(cluster, tmp
                  "training.steps=12", "training.checkpoint.every=2", "fault.kind=crash_rank", "fault.rank=3",
                  "fault.at_step=5", "failover.timeout_s=120"], tmp_path, timeout=300)
     assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    deadline, state = time.monotonic() + 600, None
-    while time.monotonic() < deadline and state not in ("completed", "failed", "stopped", "cancelled"):
-        state = json.loads((run / "status.json").read_text()).get("state")
-        time.sleep(1)
-    assert state == "completed", (run / "status.json").read_text()
+    assert _ended(run) == "completed", (run / "status.json").read_text()
     (event,) = failovers(run)
     assert event["mode"] == "restart" and "stopped at once" in event["cause"], event
     assert "illegal memory access" in event["cause"] and event["resumed_from_step"] == 4, event

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.errors import Problem
+from orchestrator.frameworks.torchtitan.common import checkpoint_words
 from orchestrator.config.schema import Config
 
 LINE = "0.2"
@@ -65,9 +66,5 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path, par: dict, train: dic
     out.append(f"--activation_checkpoint.mode={tr['recompute']}")
     if tr["recompute"] == "selective":
         out.append("--activation_checkpoint.selective_ac_option=op")
-    ck = tr["checkpoint"]
-    if ck["every"] > 0:
-        folder = (ck["dir"] or f"{run_dir}/checkpoints").removeprefix("file://")
-        out += ["--checkpoint.enable", f"--checkpoint.folder={folder}", f"--checkpoint.interval={ck['every']}",
-                f"--checkpoint.keep_latest_k={ck['keep']}"]
+    out += checkpoint_words(tr["checkpoint"], run_dir)
     return out, []

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.errors import Problem
+from orchestrator.frameworks.torchtitan.common import checkpoint_words
 from orchestrator.config.schema import Config, Precision
 
 LINE = "0.3"
@@ -97,9 +98,5 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path, par: dict, train: dic
     out += [f"--training.{k}={v}" for k, v in train.items()] + [f"--debug.seed={tr['seed']}"]
     if lay["pp"] > 1 or lay["ep"] > 1:
         out.append("--training.disable_cuda_graphs")
-    ck = tr["checkpoint"]
-    if ck["every"] > 0:
-        folder = (ck["dir"] or f"{run_dir}/checkpoints").removeprefix("file://")
-        out += ["--checkpoint.enable", f"--checkpoint.folder={folder}", f"--checkpoint.interval={ck['every']}",
-                f"--checkpoint.keep_latest_k={ck['keep']}"]
+    out += checkpoint_words(tr["checkpoint"], run_dir)
     return out, [AC[tr["recompute"]]]
