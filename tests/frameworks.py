@@ -55,7 +55,7 @@ def run(name: str, code: str, timeout: float = 300, stdin: str | None = None) ->
 def install(name: str) -> None:
     release, light = RELEASES[name]
     target = folder(name)
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(target)]
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-warn-conflicts", "--target", str(target)]
     subprocess.run(pip + ["--no-deps", *release], check=True)
     if light:
         # the light packages with their own dependencies, but never torch: it is the project's
