@@ -94,5 +94,7 @@ def test_the_plan_prices_each_failure_kind_as_the_simulation_measures_it(rows):
 
     g = goodput.goodput(failover_sim.plan_of("2k-8"))
     for kind in ("crash", "node", "hang", "partition", "drain"):
+        # both on the simulation's virtual clock with the plan's constants (no wall time is read:
+        # failover_sim.main alone replaces the store's rate with a measured one): a model check
         plan_s, sim_s = g["by_kind"][kind]["in_place_s"], rows[kind]["delay_s"]
         assert abs(plan_s - sim_s) <= max(0.25 * sim_s, 3.0), (kind, plan_s, sim_s)

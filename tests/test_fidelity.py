@@ -394,7 +394,8 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
     for key, sources in terms.items():
         for name in sources:
             values = figure(name).values() if isinstance(figure(name), dict) else [figure(name)]
-            assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values), (key, name)
+            # a figure the probe recorded (how large a timing is, is the benchmark's to print: probe_fit.py)
+            assert values and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values), (key, name)
     shared = max(1.0, raw["gloo"]["ranks"] / hw["host_cores"])
     for key in CALL_KEYS:  # the preset's call costs are the derived ones (per uncontended core)
         assert key not in record["floored"] or hw[key] == 0, key

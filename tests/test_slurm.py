@@ -151,17 +151,25 @@ def _ended(run: Path, within_s: float = 600) -> str | None:
     return state
 
 
+def _detached_run_to_its_end(tmp_path, *overrides) -> Path:
+    """A detached run on the 2-node cluster (2 GPUs each), submitted and followed until it ends
+    completed; its run directory."""
+    run = tmp_path / "run"
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", *overrides], tmp_path,
+                timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert _ended(run) == "completed", (run / "status.json").read_text()
+    return run
+
+
 def test_a_detached_job_names_a_hung_rank_with_its_stack_and_restarts_without_its_node(cluster, tmp_path, reference):
     """fault.kind=hang_rank under SLURM: the supervisor reads the ranks' progress beats in the
     shared run directory; past the deadline the rank furthest behind is named, every task dumps
     its stack (SIGUSR1 through srun), and its node is treated as lost: the run restarts on the
     other node from its checkpoint with the uninterrupted run's losses."""
-    run = tmp_path / "run"
-    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
-                 "training.steps=12", "training.checkpoint.every=2", "fault.kind=hang_rank", "fault.rank=3",
-                 "fault.at_step=5", "failover.progress_deadline_s=10"], tmp_path, timeout=300)
-    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert _ended(run) == "completed", (run / "status.json").read_text()
+    run = _detached_run_to_its_end(tmp_path, "layout.dp=4", "training.steps=12", "training.checkpoint.every=2",
+                                             "fault.kind=hang_rank", "fault.rank=3", "fault.at_step=5",
+                                             "failover.progress_deadline_s=10")
     (event,) = failovers(run)
     assert event["mode"] == "restart" and "rank 3 (pid" in event["cause"] and "hung" in event["cause"]
     assert event["nodes_lost"] == [event["node"]] and event["nodes_in_service"] != [event["node"]]
@@ -306,12 +314,9 @@ def test_a_hung_copy_is_named_by_its_stall_and_the_others_go_on_in_place(cluster
     collective timeout is 120 s) the supervisor names it from the beats, the coordinator aborts the
     survivors' collectives at once and copy 0 goes on in place in the same step (no restart, no
     checkpoint read); copy 1's ranks, declared lost, leave by themselves (fenced)."""
-    run = tmp_path / "run"
-    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
-                 "layout.dp_shard=2", "training.steps=12", "fault.kind=hang_rank", "fault.rank=3", "fault.at_step=5",
-                 "failover.quorum_s=5", "failover.timeout_s=120"], tmp_path, timeout=300)
-    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert _ended(run) == "completed", (run / "status.json").read_text()
+    run = _detached_run_to_its_end(tmp_path, "layout.dp=4", "layout.dp_shard=2", "training.steps=12",
+                                             "fault.kind=hang_rank", "fault.rank=3", "fault.at_step=5",
+                                             "failover.quorum_s=5", "failover.timeout_s=120")
     (event,) = failovers(run)
     assert event["mode"] == "in_place" and event["copies_lost"] == [1] and event["new_layout"]["dp"] == 2, event
     assert event["survivors_released"] == "abort", event
@@ -350,12 +355,9 @@ def test_a_crashed_rank_stops_the_step_at_once_and_the_run_restarts(cluster, tmp
     """One copy of the state (FSDP over 4): rank 3 crashes with an error of its own before step 6. Its
     beat says so (train/world.crashed_beat) and the supervisor stops the step at once, not after its
     peers' collective timeout, and restarts from the checkpoint with the uninterrupted run's losses."""
-    run = tmp_path / "run"
-    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
-                 "training.steps=12", "training.checkpoint.every=2", "fault.kind=crash_rank", "fault.rank=3",
-                 "fault.at_step=5", "failover.timeout_s=120"], tmp_path, timeout=300)
-    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert _ended(run) == "completed", (run / "status.json").read_text()
+    run = _detached_run_to_its_end(tmp_path, "layout.dp=4", "training.steps=12", "training.checkpoint.every=2",
+                                             "fault.kind=crash_rank", "fault.rank=3", "fault.at_step=5",
+                                             "failover.timeout_s=120")
     (event,) = failovers(run)
     assert event["mode"] == "restart" and "stopped at once" in event["cause"], event
     assert "illegal memory access" in event["cause"] and event["resumed_from_step"] == 4, event

@@ -127,7 +127,7 @@ class Replicas:
     def _wait(self, work) -> None:
         """Wait for a cross-copy collective, in slices, leaving it as failed when the coordinator
         aborted this generation (a copy known lost) before it completed."""
-        gen = self.gen
+        gen, deadline = self.gen, time.monotonic() + self.timeout_s
         while True:
             try:
                 work.wait(ABORT_SLICE)
@@ -138,6 +138,9 @@ class Replicas:
             if self.aborted >= gen:
                 raise RuntimeError(f"generation {gen}'s cross-copy collective aborted by the coordinator: "
                                    f"copies {self.lost_by_abort} lost")
+            if time.monotonic() > deadline:  # the last resort, whatever gloo's own timeout says
+                raise RuntimeError(f"generation {gen}'s cross-copy collective timed out after the collective "
+                                   f"timeout ({self.timeout_s:.0f} s) with no abort")
 
     @property
     def index(self) -> int:
