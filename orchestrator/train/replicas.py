@@ -43,6 +43,7 @@ from orchestrator.train import tree, wire
 
 log = logging.getLogger("orchestrator")
 ABORT_SLICE = timedelta(seconds=0.05)  # a cross-copy wait looks at the abort flag this often (no cost when done)
+ABORT_GRACE_S = 1.0  # a collective failed by a peer: how long the abort, if it is why, may take to reach the watcher
 
 
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
@@ -77,6 +78,7 @@ class Replicas:
         self.waiter = None
         self.aborted = -1  # the latest generation whose cross-copy collectives the coordinator aborted
         self.lost_by_abort: list[int] = []
+        self._abort_seen = threading.Condition()
         self._gen_changed = threading.Event()
         self._done = False
         self.on_fenced = None  # called before a fenced rank leaves
@@ -111,9 +113,11 @@ class Replicas:
                 if time.monotonic() - t0 < 1.0:  # the store is gone (the run is ending): do not spin
                     time.sleep(1.0)
                 continue  # not yet (the wait's own bound): look again
-            if dead:
-                self.lost_by_abort = list(dead)
-            self.aborted = max(self.aborted, gen)
+            with self._abort_seen:
+                if dead:
+                    self.lost_by_abort = list(dead)
+                self.aborted = max(self.aborted, gen)
+                self._abort_seen.notify_all()
             if self.copy in dead and self.gen == gen:  # this copy was declared lost: it must not come back
                 log.info(f"copy {self.copy} was declared lost in generation {gen}: leaving the run (fenced)")
                 if self.on_fenced is not None:
@@ -134,13 +138,25 @@ class Replicas:
                 return
             except RuntimeError as e:
                 if "Operation timed out" not in str(e):
-                    raise  # the collective itself failed (a peer reset, gloo's own timeout)
+                    # the collective itself failed (a peer reset, gloo's own timeout). When the coordinator
+                    # aborted this generation, that is why: the copies it declared lost leave only after its
+                    # abort key is set, so the abort reaches this rank's watcher at the same moment (bounded)
+                    if self._aborted_within(gen, ABORT_GRACE_S):
+                        raise self._abort_error(gen) from e
+                    raise
             if self.aborted >= gen:
-                raise RuntimeError(f"generation {gen}'s cross-copy collective aborted by the coordinator: "
-                                   f"copies {self.lost_by_abort} lost")
+                raise self._abort_error(gen)
             if time.monotonic() > deadline:  # the last resort, whatever gloo's own timeout says
                 raise RuntimeError(f"generation {gen}'s cross-copy collective timed out after the collective "
                                    f"timeout ({self.timeout_s:.0f} s) with no abort")
+
+    def _aborted_within(self, gen: int, seconds: float) -> bool:
+        with self._abort_seen:
+            return self._abort_seen.wait_for(lambda: self.aborted >= gen, timeout=seconds)
+
+    def _abort_error(self, gen: int) -> RuntimeError:
+        return RuntimeError(f"generation {gen}'s cross-copy collective aborted by the coordinator: "
+                            f"copies {self.lost_by_abort} lost")
 
     @property
     def index(self) -> int:
