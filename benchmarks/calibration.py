@@ -105,7 +105,8 @@ def _intervals(ev, write: bool) -> None:
           f"({100 * tot[0] / max(tot[2], 1):.0f}% | {100 * tot[1] / max(tot[2], 1):.0f}%)")
     print("  per regime, the honest figure: " + ", ".join(
         f"{k} {a} of {n} ({100 * a / max(n, 1):.0f}%)" for k, (a, n) in coverage_by_regime(ev.after_loso).items()))
-    print(f"  quantile level for an 80% interval on unseen families: {table['quantile_level']:.2f}")
+    print(f"  quantile level for an 80% interval on unseen families: {table['quantile_level']:.2f} over every run; "
+          "per regime " + ", ".join(f"{k} {v:.2f}" for k, v in table["quantile_levels"].items()))
     print("  groups (log residual quantiles, rows): " + ", ".join(
         f"{k} [{g['lo']:+.3f}, {g['hi']:+.3f}] {g['rows']}" for k, g in table["groups"].items()
         if g["rows"] >= table["min_rows"]))
