@@ -48,7 +48,10 @@ and wave quantisation from the shapes and the SM count (128x256, 256x128 and 128
 best of them; grouped over an MoE layer's local experts): with whole waves 4.40 points and 7.3%,
 with an under-filled single wave only 4.15 and 6.4%, with edge padding only 4.15 and 6.4%.
 A likely reason: cuBLAS's persistent and stream-K kernels balance the last wave, and the
-fitted gemm_efficiency already carries the average loss.
+fitted gemm_efficiency already carries the average loss. Nor a smooth roofline for the narrow
+GEMMs near the GPU's balance point (compute and HBM time combined as (c^p + m^p)^(1/p) instead
+of their max, so a GEMM at the ridge reaches less than either bound): against 4.04 points and
+6.3% with the max, p = 1 gave 4.53 and 7.8%, p = 2 4.17 and 6.6%, p = 4 4.08 and 6.4%.
 """
 from __future__ import annotations
 
