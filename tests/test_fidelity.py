@@ -85,7 +85,7 @@ def test_fabrics_are_a_group_of_their_own():
     assert predicted_dp["meta"] < 2 * predicted_dp["fat_tree"]
 
 
-def test_nvl72_keeps_tensor_and_expert_groups_of_up_to_72_on_nvlink():
+def test_nvl72_keeps_tensor_context_and_expert_groups_of_up_to_72_on_nvlink():
     nvl = ["hardware=gb200", "fabric=nvl72", "model=llama3_70b", "cluster.nodes=16", "layout.tp=16",
            "training.seq_len=8192", "training.global_batch=32"]
     rack = plan_of(*nvl)
@@ -93,6 +93,14 @@ def test_nvl72_keeps_tensor_and_expert_groups_of_up_to_72_on_nvlink():
     assert rack.axes["tp"].tier == "nvlink" and rack.layout.tp > rack.spec.hardware.gpus_per_node
     split = plan_of(*nvl, "fabric=fat_tree")
     assert not split.valid and any(e.key == "layout.tp" for e in split.errors)  # 4-GPU trays without NVL72
+    # a context-parallel ring over 8 trays: NVLink on the rack, the trays' NICs without it
+    ring = ["hardware=gb200", "fabric=nvl72", "model=llama3_70b", "cluster.nodes=16", "layout.tp=4", "layout.cp=8",
+            "layout.dp=2", "training.seq_len=131072", "training.global_batch=2"]
+    on_rack, off_rack = plan_of(*ring), plan_of(*ring, "fabric=fat_tree")
+    assert on_rack.valid and off_rack.valid
+    assert on_rack.axes["cp"].tier == "nvlink" and off_rack.axes["cp"].tier != "nvlink"
+    assert on_rack.axes["cp"].gbps == on_rack.spec.hardware.intra_node_gbps  # the preset's measured NVLink rate
+    assert off_rack.axes["cp"].seconds > 5 * on_rack.axes["cp"].seconds
     moe = ["hardware=gb200", "fabric=nvl72", "fabric.nvlink_domain=64", "recipe=deepseek_v3", "cluster.nodes=64",
            "layout.pp=4", "layout.dp=64", "layout.ep=64", "layout.stage_layers=[15,16,15,15]",
            "training.global_batch=4096", "schedule=1f1b", "hardware.gpus_per_node=4"]
