@@ -52,6 +52,9 @@ fitted gemm_efficiency already carries the average loss. Nor a smooth roofline f
 GEMMs near the GPU's balance point (compute and HBM time combined as (c^p + m^p)^(1/p) instead
 of their max, so a GEMM at the ridge reaches less than either bound): against 4.04 points and
 6.3% with the max, p = 1 gave 4.53 and 7.8%, p = 2 4.17 and 6.6%, p = 4 4.08 and 6.4%.
+Nor fewer FP8 casts (Transformer Engine's fused cast-transpose: each GEMM input cast once, 2
+elements moved per cast element, instead of the 2 per pass counted above): 4.35 points and 7.2%,
+the fitted elementwise weight doubling (1.9) to put the memory-bound time back.
 """
 from __future__ import annotations
 
