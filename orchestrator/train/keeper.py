@@ -136,6 +136,10 @@ class Keeper:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def close(self) -> None:
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept (close alone leaves it listening)
+        except OSError:
+            pass
         self.server.close()
 
     def _serve(self, conn: socket.socket) -> None:
