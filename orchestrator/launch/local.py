@@ -259,7 +259,7 @@ class LocalWorkers(Workers):
 
     def wait(self) -> Outcome:
         outcome = self._wait_restart_only() if self.policy is None else self._wait_in_place()
-        self.lose_keepers(outcome.lost)
+        self.lose_keepers({*outcome.lost, *self.lost})  # a node lost in place lost its memory too
         return outcome
 
     def _wait_in_place(self) -> Outcome:
