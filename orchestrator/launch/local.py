@@ -30,6 +30,7 @@ from orchestrator.frameworks.trainers import external
 from orchestrator.train import keeper, wire
 from orchestrator.plan import timeouts
 
+KEEPER_START_S = 60.0  # a snapshot keeper says where it listens within this
 CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
 
@@ -441,14 +442,16 @@ class LocalLauncher(Launcher):
 
 def start_keeper(key_file: Path):
     """One node's snapshot keeper (train/keeper.py), dying with this process: (process, address)."""
+    import select
     import subprocess
 
     from orchestrator.launch.forkserver import die_with_parent
 
     p = subprocess.Popen([sys.executable, "-m", "orchestrator.train.keeper", str(key_file)], stdout=subprocess.PIPE,
                          text=True, start_new_session=True, preexec_fn=die_with_parent)
-    line = p.stdout.readline().strip()  # "keeper HOST:PORT" once it listens (EOF: it failed)
-    if not line.startswith("keeper "):
+    ready = select.select([p.stdout], [], [], KEEPER_START_S)[0]
+    line = p.stdout.readline().strip() if ready else f"nothing within {KEEPER_START_S:.0f} s"
+    if not line.startswith("keeper "):  # "keeper HOST:PORT" once it listens
         p.kill()
         p.wait()
         raise RuntimeError(f"a snapshot keeper did not start (status {p.poll()}): {line!r}")

@@ -36,11 +36,12 @@ IO_TIMEOUT_S = 60.0  # every keeper request is bounded
 
 def every_of(plan_json: dict) -> int:
     """The snapshot interval in steps an attempt's plan resolved (make_plan: the config's
-    training.checkpoint.snapshot_every, else the plan's chosen interval); 0: no snapshots."""
+    training.checkpoint.snapshot_every, else the plan's chosen interval); 0: no snapshots, also when
+    the run ends before the first one (training.steps)."""
+    training = (plan_json.get("config") or {}).get("training") or {}
     snap = (plan_json.get("blast_radius") or {}).get("snapshot") or {}
-    if "every_steps" in snap:
-        return int(snap["every_steps"])
-    return int(((plan_json.get("config") or {}).get("training") or {}).get("checkpoint", {}).get("snapshot_every") or 0)
+    every = int(snap["every_steps"] if "every_steps" in snap else training.get("checkpoint", {}).get("snapshot_every") or 0)
+    return every if 0 < every < int(training.get("steps", every + 1)) else 0
 
 
 def buddies(node: int, nodes: int) -> list[int]:
