@@ -115,3 +115,56 @@ def test_the_snapshot_interval_is_the_configs_or_the_plans(tmp_path):
     set_ = make_plan(compose(["hardware=cpu", "model=tiny", "training.checkpoint.snapshot_every=5"]))
     assert set_.blast_radius["snapshot"] == {"every_steps": 5, "from": "training.checkpoint.snapshot_every"}
     assert keeper.every_of(set_.to_json()) == 5
+
+
+RANK_SIDE = """
+import base64, json, os, sys, tempfile, threading, types
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from orchestrator.train import checkpoint as ckpt, keeper, wire
+from orchestrator.train.trainer import Trainer
+
+tmp = Path(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+key_file = keeper.make_secret(tmp)
+key = wire.read_secret(key_file)
+os.environ[keeper.ENV_KEEPER_KEY_FILE] = str(key_file)
+k = keeper.Keeper(key)
+threading.Thread(target=k.serve_forever, daemon=True).start()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.AdamW(model.parameters())
+model(torch.ones(1, 8)).sum().backward()
+opt.step()
+rng = base64.b64encode(torch.random.get_rng_state().numpy().tobytes()).decode()
+want = model.weight.detach().clone()
+pending = ckpt.snapshot(3, [(0, model)], [opt], {"step": 3, "rng_state": rng, "layout": {"label": "A"}}, 0, 1,
+                        dist.new_group(backend="gloo"), [k.addr], key)
+with torch.no_grad():
+    model.weight.add_(1.0)  # the step after the snapshot was taken: the snapshot holds the state before it
+pending.finish()
+assert pending.error is None, pending.error
+(tmp / keeper.RESTORE_JSON).write_text(json.dumps(keeper.restore_point(keeper.inventories([k.addr], key), None)))
+t = types.SimpleNamespace(plan_dir=tmp, parts=[(0, model)], opts=[opt], rank=0, lay={"label": "B"})
+t._restore_point = lambda: Trainer._restore_point(t)
+print("restored", Trainer._resume_from_snapshot(t), torch.equal(model.weight, want))
+k.close()  # the keeper gone since the launcher chose it: the rank reads the checkpoint instead
+print("keeper gone", Trainer._resume_from_snapshot(t))
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_restores_the_snapshot_it_took_and_reads_the_checkpoint_when_a_keeper_is_gone(tmp_path):
+    """The torch side in one process: a snapshot (staged, written by DCP into memory, handed to a
+    keeper) restored by the rank's own restore path is the state when it was taken; with its keeper
+    gone the restore declines (None: the caller, Trainer.resume, then loads the checkpoint)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-c", RANK_SIDE, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["restored 3 True", "keeper gone None"], r.stdout + r.stderr[-3000:]
