@@ -96,7 +96,7 @@ def test_fetching_a_snapshot_reads_each_rank_from_a_live_holder(keepers):
     fs = fsspec.filesystem("memory")
     assert meta == {"step": 3} and sorted(p.rsplit("/", 1)[1] for p in fs.find(path)) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
-    ckpt.drop_fetched(path)
+    ckpt.drop_memory(path)
     ks[0].close()
     with pytest.raises(OSError, match="rank 0's snapshot of step 3"):
         ckpt.fetch_snapshot(point, key)

@@ -181,10 +181,9 @@ def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, gr
     def send():
         t1 = time.perf_counter()
         fs = fsspec.filesystem("memory")
-        local = path.split("://", 1)[1]
         try:
             future.result()
-            files = {p.rsplit("/", 1)[1]: fs.cat_file(p) for p in fs.find(local)}
+            files = {p.rsplit("/", 1)[1]: fs.cat_file(p) for p in fs.find(path)}
             if rank == 0:
                 files[SNAPSHOT_META] = json.dumps(meta).encode()
             for addr in keepers:
@@ -192,8 +191,7 @@ def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, gr
         except Exception as e:  # noqa: BLE001 - any failure leaves this snapshot incomplete; said by finish's caller
             pending.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
-            if fs.exists(local):
-                fs.rm(local, recursive=True)
+            drop_memory(path)
             pending.sent_s = time.perf_counter() - t1
 
     pending.thread = threading.Thread(target=send, name=f"snapshot-{step}", daemon=True)
@@ -211,34 +209,36 @@ def fetch_snapshot(point: dict, key: bytes) -> tuple[str, dict]:
 
     fs = fsspec.filesystem("memory")
     path = f"{MEMORY}/{os.getpid()}/restore_{point['step']}"
-    local = path.split("://", 1)[1]
-    if fs.exists(local):
-        fs.rm(local, recursive=True)
+    drop_memory(path)
     meta = None
-    for r in range(int(point["world"])):
-        errors = []
-        for addr in point["holders"][str(r)]:
-            try:
-                files = Client(addr, key).get(int(point["step"]), r)
-                break
-            except Exception as e:  # noqa: BLE001 - try the other holder
-                errors.append(f"{addr}: {type(e).__name__}: {e}")
-        else:
-            raise OSError(f"rank {r}'s snapshot of step {point['step']}: " + "; ".join(errors))
-        for name, data in files.items():
-            if name == SNAPSHOT_META:
-                meta = json.loads(data)
+    try:
+        for r in range(int(point["world"])):
+            errors = []
+            for addr in point["holders"][str(r)]:
+                try:
+                    files = Client(addr, key).get(int(point["step"]), r)
+                    break
+                except Exception as e:  # noqa: BLE001 - try the other holder
+                    errors.append(f"{addr}: {type(e).__name__}: {e}")
             else:
-                fs.pipe_file(f"{local}/{name}", data)
-    if meta is None:
-        raise OSError(f"the snapshot of step {point['step']} holds no {SNAPSHOT_META}")
+                raise OSError(f"rank {r}'s snapshot of step {point['step']}: " + "; ".join(errors))
+            for name, data in files.items():
+                if name == SNAPSHOT_META:
+                    meta = json.loads(data)
+                else:
+                    fs.pipe_file(f"{path}/{name}", data)
+        if meta is None:
+            raise OSError(f"the snapshot of step {point['step']} holds no {SNAPSHOT_META}")
+    except BaseException:
+        drop_memory(path)  # nothing half-fetched stays in memory
+        raise
     return path, meta
 
 
-def drop_fetched(path: str) -> None:
+def drop_memory(path: str) -> None:
+    """Free what this process holds in memory at `path` (a snapshot written or fetched)."""
     import fsspec
 
     fs = fsspec.filesystem("memory")
-    local = path.split("://", 1)[1]
-    if fs.exists(local):
-        fs.rm(local, recursive=True)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)

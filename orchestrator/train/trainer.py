@@ -78,6 +78,7 @@ class Trainer:
                            f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
+        self._pending_snapshot = None  # a memory snapshot in flight (checkpoint.PendingSnapshot)
 
     # ---- phases ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -187,12 +188,12 @@ class Trainer:
         everyone = world.host_reduce([0.0 if meta is None else 1.0], dist.ReduceOp.MIN)[0]
         if everyone < 1.0:
             if path is not None:
-                ckpt.drop_fetched(path)
+                ckpt.drop_memory(path)
             log.warning(f"SNAPSHOT NOT USED: the memory snapshot of step {point['step']} could not be fetched by every "
                         f"rank{' (this one: ' + why + ')' if why else ''}; resuming from the checkpoint instead")
             return None
         ckpt.load_dir(path, self.parts, self.opts)
-        ckpt.drop_fetched(path)
+        ckpt.drop_memory(path)
         if self.rank == 0:
             lost, dcp_step = point.get("failed_after_step"), point.get("checkpoint_step")
             log.info(f"resumed from the memory snapshot of step {meta['step']} held by the keepers "
@@ -224,11 +225,10 @@ class Trainer:
 
     def _snapshot_done(self) -> None:
         """Wait for the snapshot in flight (if any); say how it went (rank 0, or a rank it failed on)."""
-        p, self._pending_snapshot = getattr(self, "_pending_snapshot", None), None
+        p, self._pending_snapshot = self._pending_snapshot, None
         if p is None:
             return
         p.finish()
-        self.history.setdefault("snapshot_s", []).append((p.staged_s, p.sent_s))
         if p.error:
             log.warning(f"SNAPSHOT of step {p.step} not held: {p.error}; a restart reads the checkpoint")
         elif self.rank == 0:
