@@ -252,6 +252,7 @@ class LocalWorkers(Workers):
             self.killed_at = time.monotonic()
             for node in f.nodes():
                 self.job.kill_node(node)
+            self.lose_keepers(f.nodes())  # and its memory (the first attempt: its nodes are the plan's own)
         if (f.rejoin_at_step is not None and self.killed_at and not self.rejoined and self.policy is not None
                 and max((m["step"] + 1 for m in read_metrics(self.run_dir)), default=0) >= f.rejoin_at_step):
             self.rejoined = True

@@ -151,6 +151,7 @@ class PendingSnapshot:
     def __init__(self, step: int, staged_s: float, thread):
         self.step, self.staged_s, self.thread = step, staged_s, thread
         self.error: str | None = None
+        self.held = 0  # keepers that took it (when `error`: fewer than asked)
         self.sent_s = 0.0
 
     def finish(self) -> "PendingSnapshot":
@@ -186,10 +187,19 @@ def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, gr
             files = {p.rsplit("/", 1)[1]: fs.cat_file(p) for p in fs.find(path)}
             if rank == 0:
                 files[SNAPSHOT_META] = json.dumps(meta).encode()
-            for addr in keepers:
-                Client(addr, key).put(step, rank, world, files)
+            failed = []
+            for addr in keepers:  # each on its own: one keeper gone (its node lost) leaves the other's copy
+                try:
+                    Client(addr, key).put(step, rank, world, files)
+                except Exception as e:  # noqa: BLE001 - said below
+                    failed.append(f"{addr}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            if failed:
+                pending.error = (f"{'no keeper' if len(failed) == len(keepers) else 'not every keeper'} took it "
+                                 f"({'; '.join(failed)})")
+                pending.held = len(keepers) - len(failed)
         except Exception as e:  # noqa: BLE001 - any failure leaves this snapshot incomplete; said by finish's caller
             pending.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            pending.held = 0
         finally:
             drop_memory(path)
             pending.sent_s = time.perf_counter() - t1

@@ -79,6 +79,7 @@ class Trainer:
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
         self._pending_snapshot = None  # a memory snapshot in flight (checkpoint.PendingSnapshot)
+        self._snapshot_warned: set = set()
 
     # ---- phases ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -229,9 +230,11 @@ class Trainer:
         if p is None:
             return
         p.finish()
-        if p.error:
-            log.warning(f"SNAPSHOT of step {p.step} not held: {p.error}; a restart reads the checkpoint")
-        elif self.rank == 0:
+        if p.error and p.error not in self._snapshot_warned:  # each distinct failure once (a lost buddy: every time)
+            self._snapshot_warned.add(p.error)
+            log.warning(f"SNAPSHOT of step {p.step}: {p.error}" + ("; a restart reads the checkpoint" if not p.held else
+                        f"; held by {p.held} keeper(s), a restart reads it while they live"))
+        elif not p.error and self.rank == 0:
             log.info(f"snapshot of step {p.step} held in memory by its keepers: staged in {p.staged_s * 1e3:.1f} ms "
                      f"(blocking), written and sent in {p.sent_s * 1e3:.1f} ms (background)")
 
