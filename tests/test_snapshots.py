@@ -22,17 +22,18 @@ def keepers(tmp_path):
         k.close()
 
 
-def snapshot_step(keepers, key, step: int, lost_nodes=()) -> None:
+def snapshot_step(keepers, key, step: int, lost_nodes=(), attempt: int = 0, ranks=range(WORLD)) -> None:
     """Every rank hands its shard to its own node's keeper and its buddy's, as train/checkpoint.snapshot
     does; a rank on a lost node hands nothing (it died before), a lost keeper takes nothing."""
     addrs = [k.addr for k in keepers]
-    for rank in range(WORLD):
+    for rank in ranks:
         node = rank // 2
         if node in lost_nodes:
             continue
         for n in keeper.buddies(node, len(addrs)):
             if n not in lost_nodes:
-                keeper.Client(addrs[n], key).put(step, rank, WORLD, {f"__{rank}_0.distcp": bytes([rank, step]) * 100})
+                keeper.Client(addrs[n], key).put(step, rank, WORLD, {f"__{rank}_0.distcp": bytes([rank, step]) * 100},
+                                                 attempt)
 
 
 def test_a_restore_with_one_ranks_snapshot_missing_falls_back_to_the_checkpoint(keepers):
@@ -49,11 +50,26 @@ def test_a_restore_with_one_ranks_snapshot_missing_falls_back_to_the_checkpoint(
     # the newest complete one (step 3) is older than the checkpoint of step 4: the checkpoint
     held = keeper.inventories(addrs, key)
     for a in addrs:
-        held[a] = {r: s + ([[5, WORLD]] if r != "2" else []) for r, s in held[a].items()}
+        held[a] = {r: s + ([[5, WORLD, 0]] if r != "2" else []) for r, s in held[a].items()}
     point = keeper.restore_point(held, checkpoint_step=4)
     assert point["source"] == "checkpoint" and point["step"] == 4
     # with the checkpoint older than step 3, the complete snapshot of step 3 wins over the torn one of 5
     assert keeper.restore_point(held, checkpoint_step=2)["step"] == 3
+
+
+def test_shards_of_two_attempts_at_one_step_are_never_one_snapshot(keepers):
+    """Attempt 0 handed ranks 2 and 3 of step 4 over and died; attempt 1 (the same world, perhaps
+    another layout) handed ranks 0 and 1 of step 4 over and died too: no complete snapshot of step
+    4, so the complete one of step 3 (attempt 0's)."""
+    ks, key = keepers
+    snapshot_step(ks, key, 3)
+    snapshot_step(ks, key, 4, ranks=(2, 3))
+    snapshot_step(ks, key, 4, attempt=1, ranks=(0, 1))
+    point = keeper.restore_point(keeper.inventories([k.addr for k in ks], key), checkpoint_step=2)
+    assert (point["source"], point["step"], point["attempt"]) == ("snapshot", 3, 0)
+    snapshot_step(ks, key, 4, attempt=1, ranks=(2, 3))  # attempt 1's step 4 complete: that one
+    point = keeper.restore_point(keeper.inventories([k.addr for k in ks], key), checkpoint_step=2)
+    assert (point["source"], point["step"], point["attempt"]) == ("snapshot", 4, 1)
 
 
 def test_losing_a_node_and_its_buddy_falls_back_to_the_file_system(keepers):
@@ -72,7 +88,7 @@ def test_a_keeper_holds_two_versions_and_answers_only_the_jobs_key(keepers, tmp_
     ks, key = keepers
     for step in (1, 2, 3):
         snapshot_step(ks, key, step)
-    assert keeper.Client(ks[0].addr, key).inventory()["ranks"]["0"] == [[2, WORLD], [3, WORLD]]
+    assert keeper.Client(ks[0].addr, key).inventory()["ranks"]["0"] == [[2, WORLD, 0], [3, WORLD, 0]]
     other = wire.read_secret(wire.make_secret(tmp_path, "other.key"))
     with pytest.raises(wire.Refused):  # its hello is not signed with this key
         keeper.Client(ks[0].addr, other, timeout_s=5).inventory()

@@ -159,8 +159,8 @@ class PendingSnapshot:
         return self
 
 
-def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, group, keepers: list, key: bytes
-             ) -> PendingSnapshot:
+def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, group, keepers: list, key: bytes,
+             attempt: int = 0) -> PendingSnapshot:
     """Stage this rank's state (a CPU copy) and, in the background, write it with DCP into memory
     and hand the files to `keepers` (its own node's and its buddy's: keeper.buddies)."""
     import threading
@@ -190,7 +190,7 @@ def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, gr
             failed = []
             for addr in keepers:  # each on its own: one keeper gone (its node lost) leaves the other's copy
                 try:
-                    Client(addr, key).put(step, rank, world, files)
+                    Client(addr, key).put(step, rank, world, files, attempt)
                 except Exception as e:  # noqa: BLE001 - said below
                     failed.append(f"{addr}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if failed:

@@ -8,7 +8,8 @@ restarts and dies with its node. Every `training.checkpoint.snapshot_every` step
 saving copy writes its shard of the state with DCP into its own memory (train/checkpoint.snapshot)
 and hands the files to two keepers: its own node's and its buddy's, node (n+1) mod N. A keeper holds
 at most KEEP versions (steps) per rank. What a restart reads (`restore_point`): the newest step whose
-every rank (of the world that took it) some live keeper holds, when it is newer than the newest
+every rank (of the world and attempt that took it: shards of one layout, never mixed with a later
+attempt's of the same step) some live keeper holds, when it is newer than the newest
 complete file-system checkpoint; else the file system. Losing a node and its buddy together loses
 some rank's both copies: the file system then.
 
@@ -104,12 +105,13 @@ class Client:
             raise ConnectionError(f"the keeper at {self.addr}: {reply['error']}")
         return reply, data
 
-    def put(self, step: int, rank: int, world: int, files: dict[str, bytes]) -> None:
+    def put(self, step: int, rank: int, world: int, files: dict[str, bytes], attempt: int = 0) -> None:
         index, payload = pack(files)
-        self.request({"op": "put", "step": step, "rank": rank, "world": world, "index": index}, payload)
+        self.request({"op": "put", "step": step, "rank": rank, "world": world, "attempt": attempt, "index": index},
+                     payload)
 
     def inventory(self) -> dict:
-        """{"ranks": {rank: [[step, world], ...]}} as the keeper holds them."""
+        """{"ranks": {rank: [[step, world, attempt], ...]}} as the keeper holds them."""
         return self.request({"op": "inventory"})[0]
 
     def get(self, step: int, rank: int) -> dict[str, bytes]:
@@ -119,7 +121,7 @@ class Client:
 
 # ---- the keeper --------------------------------------------------------------------------------
 class Keeper:
-    """Holds {rank: {step: (world, index, payload)}}, KEEP steps per rank, in memory."""
+    """Holds {rank: {step: (world, attempt, index, payload)}}, KEEP steps per rank, in memory."""
 
     def __init__(self, key: bytes, host: str = "127.0.0.1", port: int = 0):
         self.key = key
@@ -160,22 +162,23 @@ class Keeper:
     def handle(self, body: dict, payload: bytes) -> tuple[dict, bytes]:
         op = body.get("op")
         if op == "put":
-            step, rank, world = int(body["step"]), int(body["rank"]), int(body["world"])
+            step, rank, world, attempt = int(body["step"]), int(body["rank"]), int(body["world"]), int(body["attempt"])
             with self.lock:
                 mine = self.held.setdefault(rank, {})
-                mine[step] = (world, body["index"], payload)
+                mine[step] = (world, attempt, body["index"], payload)
                 for old in sorted(mine)[:-KEEP]:
                     del mine[old]
             return {"op": "ok"}, b""
         if op == "inventory":
             with self.lock:
-                return {"ranks": {str(r): [[s, v[0]] for s, v in sorted(h.items())] for r, h in self.held.items()}}, b""
+                return {"ranks": {str(r): [[s, v[0], v[1]] for s, v in sorted(h.items())]
+                                  for r, h in self.held.items()}}, b""
         if op == "get":
             with self.lock:
                 held = self.held.get(int(body["rank"]), {}).get(int(body["step"]))
             if held is None:
                 return {"error": f"no snapshot of rank {body['rank']} at step {body['step']}"}, b""
-            return {"index": held[1]}, held[2]
+            return {"index": held[2]}, held[3]
         return {"error": f"unknown op {op!r}"}, b""
 
 
@@ -192,18 +195,19 @@ def inventories(addrs: list[str], key: bytes, timeout_s: float = 10.0) -> dict[s
 
 
 def restore_point(held: dict[str, dict], checkpoint_step: int | None) -> dict:
-    """Where a restart resumes: {"source": "snapshot", "step", "world", "holders": {rank: [addr]}} for
-    the newest step every rank of its world has in some live keeper (`held`: inventories), when it
+    """Where a restart resumes: {"source": "snapshot", "step", "world", "attempt", "holders": {rank:
+    [addr]}} for the newest step every rank of the world and attempt that took it has in some live
+    keeper (`held`: inventories), when it
     is newer than the newest complete checkpoint; else {"source": "checkpoint", "step"}, with
     "why" saying what the snapshots lacked."""
-    holders: dict[tuple[int, int], dict[int, list[str]]] = {}
+    holders: dict[tuple[int, int, int], dict[int, list[str]]] = {}
     for addr, ranks in held.items():
         for rank, steps in ranks.items():
-            for step, world in steps:
-                holders.setdefault((int(step), int(world)), {}).setdefault(int(rank), []).append(addr)
+            for step, world, attempt in steps:
+                holders.setdefault((int(step), int(attempt), int(world)), {}).setdefault(int(rank), []).append(addr)
     why = "no snapshot held"
-    for (step, world) in sorted(holders, reverse=True):
-        have = holders[(step, world)]
+    for (step, attempt, world) in sorted(holders, reverse=True):
+        have = holders[(step, attempt, world)]
         missing = [r for r in range(world) if r not in have]
         if missing:
             why = (f"the snapshot of step {step} lacks rank(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} "
@@ -212,7 +216,7 @@ def restore_point(held: dict[str, dict], checkpoint_step: int | None) -> dict:
         if checkpoint_step is not None and step <= checkpoint_step:
             why = f"the newest complete snapshot (step {step}) is not newer than the checkpoint"
             break
-        return {"source": "snapshot", "step": step, "world": world,
+        return {"source": "snapshot", "step": step, "world": world, "attempt": attempt,
                 "holders": {str(r): have[r] for r in range(world)}}
     return {"source": "checkpoint", "step": checkpoint_step or 0, "why": why}
 

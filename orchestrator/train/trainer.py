@@ -222,7 +222,7 @@ class Trainer:
         self._pending_snapshot = ckpt.snapshot(step, self.parts, self.opts, self._meta(step), dist.get_rank(),
                                                dist.get_world_size(), self._snap_group,
                                                [keepers[n] for n in keeper.buddies(node, len(keepers))],
-                                               self._keeper_key)
+                                               self._keeper_key, self.attempt)
 
     def _snapshot_done(self) -> None:
         """Wait for the snapshot in flight (if any); say how it went (rank 0, or a rank it failed on)."""
