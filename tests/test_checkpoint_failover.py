@@ -95,21 +95,29 @@ def test_checkpoint_reshards_into_another_layout(tmp_path, saved, saved_content,
     assert after[2] == pytest.approx(uninterrupted[2], rel=1e-5)
 
 
-def test_node_loss_during_a_save_reforms_dp_and_resumes_from_the_previous_checkpoint(tmp_path, uninterrupted):
-    """TP2 x DP2 on 2 x 2; node 1 dies inside the save of step 4: the torn save is removed, the
-    re-plan keeps TP2 on node 0 (DP1, the global batch kept) and resumes from step 2."""
+def test_node_loss_during_a_save_reforms_dp_and_resumes_from_the_buddys_memory_snapshot(tmp_path, uninterrupted):
+    """TP2 x DP2 on 2 x 2, a snapshot in host memory every step, a checkpoint every 2; node 1 dies
+    inside the save of step 4 (its keeper with it): the torn save is removed, the re-plan keeps TP2
+    on node 0 (DP1, the global batch kept) and resumes from the snapshot of step 3, node 1's ranks'
+    shards read from node 0's keeper (their buddy), one step later than the checkpoint of step 2."""
     r = run(tmp_path, "fo", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.tp=2", "training.steps=8",
             "training.checkpoint.every=2", "training.checkpoint.keep=10", "fault.kill_node=1", "fault.at_step=4",
-            "fault.mode=during_save")
+            "fault.mode=during_save", "training.checkpoint.snapshot_every=1")
     rd = tmp_path / "fo" / "run"
     (event,) = failovers(rd)
     assert event["node"] == 1 and "SIGKILL" in event["cause"]
     assert event["old_layout"]["dp"] == 2 and event["new_layout"]["dp"] == 1 and event["new_layout"]["tp"] == 2
-    assert event["resumed_from_step"] == 2 and event["steps_lost"] == event["failed_after_step"] - 2
+    assert event["failed_after_step"] == 4
+    assert event["resumed_from"] == "snapshot" and event["resumed_from_step"] == 3 and event["steps_lost"] == 1
+    # every rank of the old world read back from the one keeper left: node 0's (node 1's buddy)
+    restore = json.loads((rd / "attempt1" / "restore.json").read_text())
+    assert restore["checkpoint_step"] == 2 and restore["world"] == 4
+    assert sorted(restore["holders"]) == ["0", "1", "2", "3"] and len({a for h in restore["holders"].values()
+                                                                       for a in h}) == 1
     # one copy of the state (dp_shard = dp): not in place, and it says why
     assert event["mode"] == "restart" and "one copy" in event["why_not_in_place"]
-    assert "FAILOVER 1 (restart" in r.stdout
-    assert "step_00000002 (step 2" in (rd / "attempt1" / "logs" / "rank0.log").read_text()
+    assert "FAILOVER 1 (restart" in r.stdout and "a memory snapshot; 1 step(s) lost" in r.stdout
+    assert ("resumed from the memory snapshot of step 3" in (rd / "attempt1" / "logs" / "rank0.log").read_text())
     from orchestrator.rundir.checkpoints import list_saves
 
     assert all(ok for _, _, ok in list_saves(str(rd / "checkpoints")))  # the torn save was cleaned up

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import failovers, losses_by_step, plan_of, run_cli, samples_read
+from orchestrator.launch.supervisor import Workers
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16", "cluster.nodes=4", "hardware.gpus_per_node=1", "layout.dp=4",
@@ -131,7 +132,7 @@ def test_the_uneven_split_reads_every_sample_once():
         assert got == list(range(2 * M * b, 3 * M * b))
 
 
-class _Scripted:
+class _Scripted(Workers):
     """Workers that end each attempt as scripted, writing the metrics the steps would."""
 
     def __init__(self, run_dir, outcomes, steps_per_attempt):

@@ -351,6 +351,10 @@ class CheckpointConfig:
     every: int = 0  # save every N steps and at the end; 0 = no checkpoints
     keep: int = 2  # complete checkpoints kept (older ones are deleted)
     async_save: bool = False  # write in the background; marked complete before the next save
+    # A snapshot of every rank's state in host memory, its own node's and a buddy node's (train/keeper.py),
+    # every N steps: a restart reads it back when it is newer than the newest checkpoint. None: the
+    # plan's interval (plan/goodput.snapshot_every); 0: none.
+    snapshot_every: Optional[int] = None
 
 
 @dataclass

@@ -91,6 +91,11 @@ class Workers(ABC):
     def assign(self, copies: list[int], plan, plan_dir: Path) -> None:
         """A generation was decided in place (these copies, this plan): the spares it took are spares no more."""
 
+    def resume_point(self, url: str, done: int) -> dict:
+        """Where a restart after `done` steps resumes: {"source": "checkpoint" | "snapshot", "step"}
+        (workers that keep memory snapshots, train/keeper.py, may offer a newer one than the checkpoint)."""
+        return {"source": "checkpoint", "step": ckpt.latest_complete(url) or 0}
+
 
 def layout_of(plan, nodes: int) -> dict:
     d = plan.layout
@@ -172,30 +177,34 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
                 file=sys.stderr)
             return rundir.EXIT_FAILED
         failovers += 1
-        _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
+        _record_restart(run_dir, workers.resume_point(url, done), plan, rp, outcome, verdict, attempt, alive, survivors,
+                        done, failovers, what,
                         {"detection": outcome.detected_s, "replan": replan_s, "run_before_failure": t_fail - t_start},
                         say)
         alive, plan, attempt = survivors, rp.plan, attempt + 1  # the nodes left over wait in the pool
 
 
-def _record_restart(run_dir, url, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
+def _record_restart(run_dir, point, plan, rp, outcome, verdict, attempt, alive, survivors, done, failovers, what,
                     seconds, say) -> None:
-    """The restart's event in failover.json, and its line on the console."""
+    """The restart's event in failover.json, and its line on the console. `point`: where it resumes
+    (Workers.resume_point: a checkpoint, or a memory snapshot)."""
     why = why_not_in_place(plan) or "the survivors could not go on in place (failover.json)"
-    resume_from = ckpt.latest_complete(url) or 0
+    resume_from = point["step"]
     event = events.record(run_dir, {
         "mode": "restart", "attempt": attempt, "node": (outcome.lost or [None])[0], "nodes_lost": outcome.lost,
         "cause": outcome.cause, "kind": "crash_rank" if outcome.crashed else "node_lost", "error": outcome.error,
         "old_layout": layout_of(plan, plan.spec.cluster.nodes), "new_layout": layout_of(rp.plan, rp.nodes),
         "spare_gpus": rp.spare_gpus, "changes": rp.changes, "failed_after_step": done,
-        "resumed_from_step": resume_from, "steps_lost": max(done - resume_from, 0),
+        "resumed_from_step": resume_from, "resumed_from": point["source"], "steps_lost": max(done - resume_from, 0),
+        **({"snapshot_not_used": point["why"]} if point.get("why") else {}),
         "nodes_in_service": survivors[: rp.nodes], "nodes_waiting": survivors[rp.nodes:],
         "healthy_nodes": len(survivors), "why_not_in_place": why, "seconds": seconds,
         "nodes_drained": outcome.drained, "nodes_excluded": verdict.excluded, "counted": verdict.counted,
         "decision": verdict.reason})
     say(f"FAILOVER {failovers} (restart, {why}): {what} after step {done}; re-planned on {rp.nodes} "
         f"node(s): {', '.join(rp.changes)}; spares {rp.spare_gpus} GPU(s); resuming from step "
-        f"{event['resumed_from_step']} ({event['steps_lost']} step(s) lost)", flush=True)
+        f"{event['resumed_from_step']} ({'a memory snapshot' if point['source'] == 'snapshot' else 'the checkpoint'}; "
+        f"{event['steps_lost']} step(s) lost)", flush=True)
 
 
 def _missing_steps(run_dir: Path, steps: int, attempt: int) -> str | None:

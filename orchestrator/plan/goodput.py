@@ -53,8 +53,10 @@ checkpointing): SNAPSHOT_GBPS to copy it off the GPU (the blocking part), sent t
 persisted to the file system in the background; its interval is Young/Daly's on the failures
 that restart (not on every failure: in place loses only the step in flight), a whole number of
 steps; a restart reads the peer's copy back at PEER_READ_GBPS and redoes half an interval.
-Without copies the file system checkpoint at the plan's Young/Daly interval is the level. (The
-runtime writes the file system level; the peer-memory level is the plan's pricing of it.)
+Without copies the file system checkpoint at the plan's Young/Daly interval is the level. The
+runtime takes the snapshots every `snapshot_every(plan)` steps (training.checkpoint.snapshot_every,
+else the peer-memory interval chosen here, in steps; train/keeper.py) and writes the file system
+level at training.checkpoint.every.
 
 The supervisor lives on the first node: one node or partition failure in
 `nodes` takes it away (crashes, hangs and drains leave it running).
@@ -201,3 +203,18 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
             "checkpoint_level": level["level"], "checkpoint_interval_s": level["interval_s"],
             "checkpoint_overhead": level["overhead"], "snapshot_s": level["blocking_s"], "restart_base_s": base,
             "steps_lost_per_restart": level["interval_s"] / 2 / step_s if step_s else 0.0, "rebuild_s": rebuild}
+
+
+def snapshot_every(plan) -> dict:
+    """The runtime's snapshot interval in steps (plan.json's blast_radius.snapshot): the config's
+    training.checkpoint.snapshot_every, else the peer-memory interval the plan picks (module
+    docstring) in whole steps, else 0 (the plan picks the file system: no snapshots)."""
+    set_ = plan.spec.training.checkpoint.snapshot_every
+    if set_ is not None:
+        return {"every_steps": int(set_), "from": "training.checkpoint.snapshot_every"}
+    g = goodput(plan) if plan.blast_radius and plan.blast_radius.get("checkpoint_interval_s") else {}
+    step = plan.step.wall_s if plan.step is not None else 0.0
+    if g.get("checkpoint_level") != "peer_memory" or not step or not math.isfinite(g["checkpoint_interval_s"]):
+        return {"every_steps": 0, "from": f"the plan's checkpoint level ({g.get('checkpoint_level', 'none')})"}
+    return {"every_steps": max(1, round(g["checkpoint_interval_s"] / step)),
+            "from": "the plan's peer-memory interval (Young/Daly on the failures that restart)"}

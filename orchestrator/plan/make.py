@@ -9,6 +9,7 @@ from orchestrator.config.schema import LauncherName
 from orchestrator.plan.capability import runtime_problems
 from orchestrator.plan.placement import attach
 from orchestrator.plan.plan import Plan, plan_spec
+from orchestrator.plan.goodput import snapshot_every
 from orchestrator.plan.replan import after_node_loss
 from orchestrator.plan.search import search
 from orchestrator.plan.validate import check_values
@@ -38,5 +39,6 @@ def make_plan(cfg: Any) -> Plan:
         plan.errors += runtime_problems(spec, plan.layout)
         plan.valid = not plan.errors
     if plan.valid and plan.blast_radius is not None:  # what one node lost costs, before anything runs
-        plan.blast_radius = {**plan.blast_radius, "after_node_loss": after_node_loss(plan)}
+        plan.blast_radius = {**plan.blast_radius, "after_node_loss": after_node_loss(plan),
+                             "snapshot": snapshot_every(plan)}
     return plan

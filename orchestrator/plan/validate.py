@@ -46,6 +46,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "training.seq_len": (1, BIG), "training.global_batch": (1, BIG), "training.micro_batch": (1, 1 << 16),
     "training.steps": (0, 1 << 40), "training.optimizer_bytes": (0, 64), "training.lr": (0, 100),
     "training.log_every": (1, 1 << 40), "training.adam_eps": (0, 1.0), "training.checkpoint.every": (0, 1 << 40),
+    "training.checkpoint.snapshot_every": (0, 1 << 40),
     "training.checkpoint.keep": (1, 1 << 20), "layout.tp": (1, 1 << 16), "layout.cp": (1, 1 << 16),
     "layout.pp": (1, 4096), "layout.ep": (1, 1 << 16), "layout.etp": (1, 1 << 16), "layout.vp": (1, 1024),
     "layout.zero": (0, 3), "layout.dp_shard": (1, MAX_WORLD), "schedule.microbatches": (1, BIG),

@@ -162,6 +162,10 @@ def _blast(plan) -> list[str]:
                      f"{_fmt_s(g['snapshot_s'])}, overhead {g['checkpoint_overhead']:.2%}), the file system in the "
                      f"background; warm spare copies {g['spare_copies']} ({g['spares_from']}): a failure finds none "
                      f"{g['no_spare_chance']:.1%} of the time and the copies then shrink in place")
+    snap = br.get("snapshot") or {}
+    if snap.get("every_steps"):  # plan/goodput.snapshot_every: what the runtime takes (train/keeper.py)
+        L.append(f"  memory snapshots: every {snap['every_steps']} step(s) ({snap['from']}), in this node's and a buddy "
+                 f"node's host memory; a restart reads them when newer than the checkpoint")
     loss = br.get("after_node_loss")
     if loss and loss["nodes"]:
         L.append(f"  after one node lost: {loss['nodes']} nodes, dp {loss['dp']}, global batch {loss['global_batch']}"

@@ -6,6 +6,7 @@ torch-free half in rundir/checkpoints.py.
 from __future__ import annotations
 
 import json
+import os
 
 from orchestrator.rundir import checkpoints as saves
 
@@ -114,13 +115,19 @@ def load_intact(url: str, parts, optimizers, on_damaged=None) -> int | None:
 
 def load(url: str, step: int, parts, optimizers) -> None:
     """Load a checkpoint written under any layout into this one (DCP reshards on load)."""
+    load_dir(saves.step_dir(url, step), parts, optimizers)
+
+
+def load_dir(path: str, parts, optimizers) -> None:
+    """Load the DCP save at `path` (any fsspec URL: a checkpoint's step directory, or a snapshot
+    fetched into this process's memory) into this layout."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     model, optim = state_dicts(parts, optimizers)
     state = {"model": model, "optim": optim}
-    dcp.load(state, storage_reader=FsspecReader(saves.step_dir(url, step)))
+    dcp.load(state, storage_reader=FsspecReader(path))
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     for (_, part), opt in zip(parts, optimizers):
@@ -128,3 +135,120 @@ def load(url: str, step: int, parts, optimizers) -> None:
         set_model_state_dict(part, {k: v for k, v in state["model"].items() if k in names}, options=_options())
         mine = {k: v for k, v in state["optim"].items() if k.split(".", 1)[1].rsplit(".", 1)[0] in names}
         set_optimizer_state_dict(part, opt, mine, options=_options())
+
+
+# ---- snapshots in a peer node's host memory (train/keeper.py) ------------------------------------
+SNAPSHOT_META = "snapshot_meta.json"  # rank 0's: what a checkpoint's meta.json holds (data position, RNG)
+MEMORY = "memory://orchestrator-snapshots"  # this process's fsspec memory file system
+
+
+class PendingSnapshot:
+    """A snapshot in flight: DCP writes this rank's shard into this process's memory (staged, then
+    written on a background thread with its own process group), then the files go to the keepers.
+    `finish()` waits for it; what went wrong is said, never raised (the file system still holds
+    the run)."""
+
+    def __init__(self, step: int, staged_s: float, thread):
+        self.step, self.staged_s, self.thread = step, staged_s, thread
+        self.error: str | None = None
+        self.held = 0  # keepers that took it (when `error`: fewer than asked)
+        self.sent_s = 0.0
+
+    def finish(self) -> "PendingSnapshot":
+        self.thread.join()
+        return self
+
+
+def snapshot(step: int, parts, optimizers, meta: dict, rank: int, world: int, group, keepers: list, key: bytes,
+             attempt: int = 0) -> PendingSnapshot:
+    """Stage this rank's state (a CPU copy) and, in the background, write it with DCP into memory
+    and hand the files to `keepers` (its own node's and its buddy's: keeper.buddies)."""
+    import threading
+    import time
+
+    import fsspec
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    from orchestrator.train.keeper import Client
+
+    path = f"{MEMORY}/{os.getpid()}/step_{step}"
+    t0 = time.perf_counter()
+    model, optim = state_dicts(parts, optimizers)
+    future = dcp.async_save({"model": model, "optim": optim}, storage_writer=FsspecWriter(path, sync_files=False),
+                            process_group=group)
+    pending = PendingSnapshot(step, time.perf_counter() - t0, None)
+
+    def send():
+        t1 = time.perf_counter()
+        fs = fsspec.filesystem("memory")
+        try:
+            future.result()
+            files = {p.rsplit("/", 1)[1]: fs.cat_file(p) for p in fs.find(path)}
+            if rank == 0:
+                files[SNAPSHOT_META] = json.dumps(meta).encode()
+            failed = []
+            for addr in keepers:  # each on its own: one keeper gone (its node lost) leaves the other's copy
+                try:
+                    Client(addr, key).put(step, rank, world, files, attempt)
+                except Exception as e:  # noqa: BLE001 - said below
+                    failed.append(f"{addr}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            if failed:
+                pending.error = (f"{'no keeper' if len(failed) == len(keepers) else 'not every keeper'} took it "
+                                 f"({'; '.join(failed)})")
+                pending.held = len(keepers) - len(failed)
+        except Exception as e:  # noqa: BLE001 - any failure leaves this snapshot incomplete; said by finish's caller
+            pending.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            pending.held = 0
+        finally:
+            drop_memory(path)
+            pending.sent_s = time.perf_counter() - t1
+
+    pending.thread = threading.Thread(target=send, name=f"snapshot-{step}", daemon=True)
+    pending.thread.start()
+    return pending
+
+
+def fetch_snapshot(point: dict, key: bytes) -> tuple[str, dict]:
+    """Every rank's files of the snapshot `point` (keeper.restore_point) from the keepers holding
+    them, into this process's memory: (the DCP path to load, rank 0's meta). Raises OSError (or
+    the keeper's wire.Refused) when a keeper does not give a rank's files."""
+    import fsspec
+
+    from orchestrator.train.keeper import Client
+
+    fs = fsspec.filesystem("memory")
+    path = f"{MEMORY}/{os.getpid()}/restore_{point['step']}"
+    drop_memory(path)
+    meta = None
+    try:
+        for r in range(int(point["world"])):
+            errors = []
+            for addr in point["holders"][str(r)]:
+                try:
+                    files = Client(addr, key).get(int(point["step"]), r)
+                    break
+                except Exception as e:  # noqa: BLE001 - try the other holder
+                    errors.append(f"{addr}: {type(e).__name__}: {e}")
+            else:
+                raise OSError(f"rank {r}'s snapshot of step {point['step']}: " + "; ".join(errors))
+            for name, data in files.items():
+                if name == SNAPSHOT_META:
+                    meta = json.loads(data)
+                else:
+                    fs.pipe_file(f"{path}/{name}", data)
+        if meta is None:
+            raise OSError(f"the snapshot of step {point['step']} holds no {SNAPSHOT_META}")
+    except BaseException:
+        drop_memory(path)  # nothing half-fetched stays in memory
+        raise
+    return path, meta
+
+
+def drop_memory(path: str) -> None:
+    """Free what this process holds in memory at `path` (a snapshot written or fetched)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    if fs.exists(path):
+        fs.rm(path, recursive=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import os
 import resource
@@ -34,7 +35,7 @@ from orchestrator.rundir.plan import RunPlan
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train.data import TokenSource, share
 from orchestrator.train.logger import Logger
-from orchestrator.train import world
+from orchestrator.train import keeper, wire, world
 from orchestrator.train.model import cp_shard
 from orchestrator.train.moe import ExpertSteps
 from orchestrator.train.parallel import build_model_parts, sync_replicas
@@ -77,6 +78,8 @@ class Trainer:
                            f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
+        self._pending_snapshot = None  # a memory snapshot in flight (checkpoint.PendingSnapshot)
+        self._snapshot_warned: set = set()
 
     # ---- phases ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -142,7 +145,12 @@ class Trainer:
 
     def resume(self) -> int:
         """Load the newest intact checkpoint (resharded into this layout); the step to start at.
-        A damaged one (a file missing or altered, by its files.json) is reported and skipped."""
+        A damaged one (a file missing or altered, by its files.json) is reported and skipped. A
+        restart the launcher pointed at a memory snapshot (keeper.RESTORE_JSON) loads that instead,
+        when every rank fetched it; else the checkpoint."""
+        restored = self._resume_from_snapshot()
+        if restored is not None:
+            return restored
         if saves.latest_complete(self.url) is None:
             torch.manual_seed(self.spec.training.seed)
             return 0
@@ -155,12 +163,80 @@ class Trainer:
             raise RankExit(EXIT_NO_CHECKPOINT)
         meta = saves.read_meta(self.url, latest)
         if self.rank == 0:
+            failed = self._restore_point().get("failed_after_step")
             log.info(f"resumed from {saves.step_dir(self.url, latest)} (step {latest}, layout "
                      f"{meta['layout'].get('label', meta['layout'])} -> {self.lay['label']}) in "
-                     f"{time.perf_counter() - t0:.2f} s")
+                     f"{time.perf_counter() - t0:.2f} s"
+                     + (f"; {max(failed - latest, 0)} step(s) lost" if isinstance(failed, int) else ""))
         buf = np.frombuffer(base64.b64decode(meta["rng_state"]), dtype=np.uint8).copy()
         torch.random.set_rng_state(torch.from_numpy(buf))  # every rank continues rank 0's stream
         return meta["step"]
+
+    def _resume_from_snapshot(self) -> int | None:
+        """The snapshot the launcher chose (its keepers' inventories, keeper.restore_point), loaded
+        by every rank of this world, resharded into this layout; None: none chosen, or some rank
+        could not fetch it (every rank then reads the checkpoint)."""
+        point = self._restore_point()
+        if point.get("source") != "snapshot":
+            return None
+        t0 = time.perf_counter()
+        path, meta, why = None, None, ""
+        try:
+            path, meta = ckpt.fetch_snapshot(point, wire.read_secret(os.environ[keeper.ENV_KEEPER_KEY_FILE]))
+        except Exception as e:  # noqa: BLE001 - a keeper gone since the launcher asked: the checkpoint instead
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        fetched_s = time.perf_counter() - t0
+        everyone = world.host_reduce([0.0 if meta is None else 1.0], dist.ReduceOp.MIN)[0]
+        if everyone < 1.0:
+            if path is not None:
+                ckpt.drop_memory(path)
+            log.warning(f"SNAPSHOT NOT USED: the memory snapshot of step {point['step']} could not be fetched by every "
+                        f"rank{' (this one: ' + why + ')' if why else ''}; resuming from the checkpoint instead")
+            return None
+        ckpt.load_dir(path, self.parts, self.opts)
+        ckpt.drop_memory(path)
+        if self.rank == 0:
+            lost, dcp_step = point.get("failed_after_step"), point.get("checkpoint_step")
+            log.info(f"resumed from the memory snapshot of step {meta['step']} held by the keepers "
+                     f"{sorted({a for h in point['holders'].values() for a in h})} (layout "
+                     f"{meta['layout'].get('label', meta['layout'])} -> {self.lay['label']}) in "
+                     f"{time.perf_counter() - t0:.2f} s (fetched in {fetched_s:.2f} s)"
+                     + (f"; {max(lost - meta['step'], 0)} step(s) lost" if isinstance(lost, int) else "")
+                     + (f", the newest checkpoint is step {dcp_step}" if dcp_step is not None else
+                        ", no checkpoint on the file system"))
+        buf = np.frombuffer(base64.b64decode(meta["rng_state"]), dtype=np.uint8).copy()
+        torch.random.set_rng_state(torch.from_numpy(buf))  # as a checkpoint's resume: rank 0's stream
+        return meta["step"]
+
+    def _restore_point(self) -> dict:
+        """Where the launcher said this restart resumes from (keeper.RESTORE_JSON; {}: not said)."""
+        f = self.plan_dir / keeper.RESTORE_JSON
+        return json.loads(f.read_text()) if f.exists() else {}
+
+    def _snapshot(self, step: int) -> None:
+        """This rank's state after `step` into host memory, handed to its own node's keeper and its
+        buddy's in the background (the one before finished first)."""
+        self._snapshot_done()
+        keepers = os.environ[keeper.ENV_KEEPERS].split(",")
+        node = int(os.environ.get("GROUP_RANK", 0)) % len(keepers)
+        self._pending_snapshot = ckpt.snapshot(step, self.parts, self.opts, self._meta(step), dist.get_rank(),
+                                               dist.get_world_size(), self._snap_group,
+                                               [keepers[n] for n in keeper.buddies(node, len(keepers))],
+                                               self._keeper_key, self.attempt)
+
+    def _snapshot_done(self) -> None:
+        """Wait for the snapshot in flight (if any); say how it went (rank 0, or a rank it failed on)."""
+        p, self._pending_snapshot = self._pending_snapshot, None
+        if p is None:
+            return
+        p.finish()
+        if p.error and p.error not in self._snapshot_warned:  # each distinct failure once (a lost buddy: every time)
+            self._snapshot_warned.add(p.error)
+            log.warning(f"SNAPSHOT of step {p.step}: {p.error}" + ("; a restart reads the checkpoint" if not p.held else
+                        f"; held by {p.held} keeper(s), a restart reads it while they live"))
+        elif not p.error and self.rank == 0:
+            log.info(f"snapshot of step {p.step} held in memory by its keepers: staged in {p.staged_s * 1e3:.1f} ms "
+                     f"(blocking), written and sent in {p.sent_s * 1e3:.1f} ms (background)")
 
     def _damaged(self, step: int, problems: list[str]) -> None:
         log.warning(f"CHECKPOINT DAMAGED: step {step} in {saves.step_dir(self.url, step)}: {'; '.join(problems[:3])}"
@@ -333,6 +409,13 @@ class Trainer:
                 self.replicas.build(0, self.replicas.copies)
         every = tr.checkpoint.every
         self._ckpt_group = dist.new_group(backend="gloo") if every and tr.checkpoint.async_save else None
+        snap_every = keeper.every_of(self.plan.data) if os.environ.get(keeper.ENV_KEEPERS) else 0
+        if not snap_every and keeper.every_of(self.plan.data) and self.rank == 0:
+            log.warning(f"no memory snapshots: the plan takes one every {keeper.every_of(self.plan.data)} step(s) but "
+                        f"this launcher runs no snapshot keepers ({keeper.ENV_KEEPERS} unset; launcher=local does): "
+                        f"a restart reads the checkpoint")
+        self._snap_group = dist.new_group(backend="gloo") if snap_every else None  # the snapshots' own (background)
+        self._keeper_key = wire.read_secret(os.environ[keeper.ENV_KEEPER_KEY_FILE]) if snap_every else None
         fault = self._fault_hook()
         metrics = Logger(self.run_dir, self.plan)
         profiler = StepProfiler(self.run_dir, tr.steps, self.leader, self.lay)  # the last two steps, rank 0
@@ -350,9 +433,13 @@ class Trainer:
             self._record(metrics, step, loss, dt, profiler.profiled(step))
             saver = self.replicas is None or self.replicas.index == 0  # one copy writes the checkpoint
             if saver and every and ((step + 1) % every == 0 or step + 1 == tr.steps):
+                self._snapshot_done()  # every rank's snapshot before is held before a save can fail
                 pending = self.save(step + 1, pending, fault if fault and step + 1 == fault.step else None)
                 self._saved = True  # the next step's commit says so: its wait on this copy is the save's
+            elif saver and snap_every and (step + 1) % snap_every == 0 and step + 1 < tr.steps:
+                self._snapshot(step + 1)
             if self._stop_requested(step):
+                self._snapshot_done()
                 if pending is not None:
                     pending.finish()
                     pending = None
@@ -364,6 +451,7 @@ class Trainer:
                 self.history["stopped"] = True
                 break
             step += 1
+        self._snapshot_done()
         if pending is not None:
             pending.finish()
         if self.replicas is not None:

@@ -64,10 +64,10 @@ def decode(key: bytes, line: bytes) -> tuple[str, int, dict]:
     return nonce, seq, body
 
 
-def make_secret(run_dir: Path) -> Path:
-    """A fresh per-job secret in RUN_DIR/control.key, owner-only (written aside, then renamed)."""
-    path = Path(run_dir) / SECRET_NAME
-    tmp = path.with_name(f".{SECRET_NAME}.{os.getpid()}.{secrets.token_hex(4)}")
+def make_secret(run_dir: Path, name: str = SECRET_NAME) -> Path:
+    """A fresh per-job secret in RUN_DIR/control.key (or `name`), owner-only (written aside, then renamed)."""
+    path = Path(run_dir) / name
+    tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
