@@ -185,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.launch.runs import load_plan
 
     run_dir = Path((argv or sys.argv[1:])[0])
+    log = open(rundir.log_file(run_dir, "standby"), "a", buffering=1)  # its own log, not through its srun,
+    os.dup2(log.fileno(), 1)  # which lives on the first node and dies with it (the steps it starts inherit it)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    print(f"standby supervisor {me()} watching {run_dir / rundir.LEASE}", flush=True)
     return stand_by(load_plan(run_dir, latest=False).spec, run_dir)
 
 

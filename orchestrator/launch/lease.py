@@ -28,9 +28,14 @@ from orchestrator import rundir
 GEN = re.compile(r"gen(\d+)")
 
 
+def node() -> str:
+    """The node this process runs on: SLURM's name for it (SLURMD_NODENAME), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def me() -> str:
-    """This process as a lease holder: host:pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process as a lease holder: node:pid."""
+    return f"{node()}:{os.getpid()}"
 
 
 def for_run(spec, run_dir: Path) -> "Lease":
@@ -45,7 +50,7 @@ class Lease:
                  clock=time.time):
         self.dir = Path(run_dir) / rundir.LEASE
         self.timeout_s, self.clock = float(timeout_s), clock
-        self.holder, self.host = holder or me(), host or socket.gethostname()
+        self.holder, self.host = holder or me(), host or node()
         self.generation = 0  # the one this process holds (0: none)
 
     # ---- reading ------------------------------------------------------------------------------

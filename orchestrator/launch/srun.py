@@ -423,14 +423,12 @@ def _plan_for(run_dir: Path, nodes: list[str], takeover: bool = False):
 
 
 def start_standby(spec, run_dir: Path, node: str) -> subprocess.Popen:
-    """The standby supervisor (launch/batch.py) as an srun step of one task on `node`; its output goes
-    to logs/standby.log, written by that node's own slurmstepd (not through this srun, which dies
-    with the first node)."""
+    """The standby supervisor (launch/batch.py) as an srun step of one task on `node`; it writes its
+    own log, logs/standby.log (not through this srun, which dies with the first node)."""
     lc = spec.launcher
-    log = rundir.log_file(run_dir, "standby")
-    log.parent.mkdir(parents=True, exist_ok=True)
+    rundir.log_file(run_dir, "standby").parent.mkdir(parents=True, exist_ok=True)
     cmd = ["srun", "--overlap", "--no-kill", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-           f"--cpus-per-task={lc.cpus_per_task}", f"--output={log}", *sbatch.container_args(lc, run_dir),
+           f"--cpus-per-task={lc.cpus_per_task}", "--output=/dev/null", *sbatch.container_args(lc, run_dir),
            lc.container_python if lc.container_image else sys.executable, "-m", "orchestrator.launch.batch",
            str(run_dir)]
     print(f"standby supervisor on {node}: {' '.join(cmd)}", flush=True)
