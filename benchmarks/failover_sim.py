@@ -701,12 +701,12 @@ class Sim:
                "survivors_released": self.how, "step_stopped": self.stopped}
         if self.scenario == "supervisor":  # the coordinator dies with its node: the standby takes over
             t = takeover(self.plan, (3 + PHASE) * self.step_s, self.dir / "lease_run")
-            g = goodput.goodput(self.plan)  # the restart after it: the plan's checkpoint level (stated)
+            every = self.plan.blast_radius["checkpoint_interval_s"] or 0  # the restart after it: stated
             out.update(detected_s=round(t["detected_s"], 3), recovered_by="takeover", generation=t["generation"],
                        old_fenced=t["old_fenced"], modelled="restart",
                        recovered=t["generation"] == 2 and t["old_fenced"] and self.code == 0,
                        recovery_s=round(t["detected_s"] + CONSTANTS["restart_load_s"], 3),
-                       steps_lost=round(g["checkpoint_interval_s"] / 2 / self.step_s, 1))
+                       steps_lost=round(every / 2 / self.step_s, 1))
         elif self.scenario != "straggler":
             out["steps_lost"] = max(0, self.committed_before - decisions[0]["step"]) if decisions else None
             out["recovered"] = (self.first_after is not None and self.last_step + 1 >= self.steps and waiting == 0
