@@ -336,7 +336,9 @@ def test_a_failed_batch_job_ends_failed_in_sacct_with_its_code(cluster, tmp_path
     run = tmp_path / "run"
     r = run_cli(["hardware=cpu", "model=tiny", "figures=false", "launcher=slurm", "cluster.nodes=1",
                  "hardware.gpus_per_node=1", "training.steps=4", "trainer=command",
-                 f"trainer.command='python {script}'"], tmp_path, timeout=300)
+                 f"trainer.command='python {script}'",
+                 "launcher.node_fail_wait_s=5"],  # its node stays up: each attempt's exit is a crash 5 s later,
+                tmp_path, timeout=300)  # not after SlurmdTimeout + 30 s (60 s at least; the suite's time)
     assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     job = json.loads((run / "slurm_jobs.jsonl").read_text().splitlines()[0])["job_id"]
     deadline, out = time.monotonic() + 600, ""
