@@ -41,10 +41,10 @@ from orchestrator import rundir
 from orchestrator.launch import failover, srun
 from orchestrator.launch.lease import Lease, for_run, me
 from orchestrator.rundir import EXIT_STOPPED, events
+from orchestrator.launch.runs import DONE
 from orchestrator.launch.status import read_status
 from orchestrator.plan.timeouts import lease_period_s
 
-ENDED = ("completed", "failed", "stopped", "cancelled")
 
 
 def watch(lease: Lease, run_dir: Path, period_s: float, sleep=time.sleep) -> int | None:
@@ -53,7 +53,7 @@ def watch(lease: Lease, run_dir: Path, period_s: float, sleep=time.sleep) -> int
     job's own time limit."""
     while True:
         held, claimed = lease.read(), lease.claimed()
-        if held.get("released") or read_status(run_dir).get("state") in ENDED:
+        if held.get("released") or read_status(run_dir).get("state") in DONE:
             return None
         if lease.expired(held):
             return claimed
@@ -136,7 +136,7 @@ class BatchJob:
         if left_out and len(nodes) < len(given):
             print(f"left out of this job's steps: {sorted(set(given) - set(nodes))} (drained or flapping: "
                   f"failed {failover.FLAP_FAILURES} times within {failover.FLAP_WINDOW_S:.0f} s)", flush=True)
-        spec = srun._plan_for(run_dir, nodes).spec
+        spec = srun.plan_for(run_dir, nodes).spec
         lease = for_run(spec, run_dir)
         for _ in range(10):  # one batch step per job: a claim lost is a standby's of a job before this one
             if lease.acquire():

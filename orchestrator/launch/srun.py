@@ -393,7 +393,7 @@ class SrunWorkers(Workers):
             self.services = None
 
 
-def _plan_for(run_dir: Path, nodes: list[str], takeover: bool = False):
+def plan_for(run_dir: Path, nodes: list[str], takeover: bool = False):
     """The plan to go on with on `nodes`: the run's as planned (after a requeue the allocation is
     whole again), else the latest attempt's (the survivors of a failover); a standby that took over
     re-plans on the survivors when they are fewer still. An allocation that does not fit stops."""
@@ -444,7 +444,7 @@ def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, stan
     from orchestrator.launch.lease import Renewer
     from orchestrator.plan.timeouts import lease_period_s
 
-    plan = _plan_for(run_dir, nodes, takeover is not None)
+    plan = plan_for(run_dir, nodes, takeover is not None)
     status = read_status(run_dir)
     restarts, job_id = int(os.environ.get("SLURM_RESTART_COUNT", "0")), os.environ.get("SLURM_JOB_ID")
     if takeover is None and restarts and status.get("state") in ("running", "re-forming"):
