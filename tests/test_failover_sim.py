@@ -4,7 +4,8 @@ coordinator, commit tree and in-place decision, leaders emulated on a virtual cl
 (benchmarks/failover_sim.py). Every failure kind recovers in place (an aggregator's death
 included), no healthy copy is dismissed, nobody is left waiting, every wait ends within the
 timeouts, and no step is lost; a loss that is known (a crash, a node down, a stalled copy) aborts
-the survivors' collectives instead of waiting for their timeout; the straggler is named. The
+the survivors' collectives instead of waiting for their timeout; the straggler is named; the
+supervisor's node lost is recovered by its standby taking over through the real lease. The
 replay's arithmetic is checked on given costs (an unrecovered kind is charged a restart, a failure
 with no spare left shrinks the copies). Behaviour only: the timings are the benchmark's to print."""
 import sys
