@@ -7,7 +7,7 @@ message goes through the real wire format (train/wire.py: signed, checked, parse
 coordinator's real code; the CPU time the server side takes (thread time) is measured and charged
 to a single server on the virtual clock, so queueing at R leaders is real. What the model does
 not run, it states (CONSTANTS): the network hop, a crashed peer's reset, SLURM's node-down
-and requeue times, the state transfer rate, the store's service rate (measured here with
+time, a restart's relaunch, the state transfer rate, the store's service rate (measured here with
 torch's TCPStore when torch is there).
 
 Per step every live copy computes `step_s` (the plan's predicted step), meets the others in
@@ -15,8 +15,8 @@ the gradient all-reduce, and its leader sends its commit; a failure breaks the a
 (the survivors see it after a reset, or after failover.timeout_s for a silent peer) and they
 report, the supervisor may see it (a process gone, SLURM's node state), the coordinator
 decides, the new generation rebuilds its groups (3N store operations, replicas.py) and
-redoes the step. Scenarios: crash, node, hang, straggler, two, flap, drain, supervisor,
-partition; and the replay of Llama 3's 54 days on 16,384 GPUs (419 unexpected
+redoes the step. Scenarios: crash, node, hang, straggler, two, flap, drain, supervisor (its
+node lost: the standby takes over through the real lease, `takeover`), partition; and the replay of Llama 3's 54 days on 16,384 GPUs (419 unexpected
 interruptions, Llama 3 paper section 3.3.4, Table 5) for ETTR.
 
     python benchmarks/failover_sim.py [--configs 16k-128,16k-8,100k-128,100k-8] [--json]
@@ -53,7 +53,6 @@ CONSTANTS = {  # stated, not emulated
     "reset_s": 1e-3,  # a crashed process's peers see their connections reset
     "poll_s": 2.0,  # launcher.poll_s: the supervisor sees a process gone, a node drained
     "node_down_s": 30.0,  # SLURM marks a dead or unreachable node down (SlurmdTimeout-like)
-    "requeue_s": goodput.REQUEUE_S,  # the job requeued and started again (the supervisor's node lost)
     "restart_load_s": goodput.RELAUNCH_S,  # every rank started again after a restart, before the checkpoint read
     "state_gbps": 25.0,  # GB/s at which a spare receives a healthy copy's state
     "store_ops_s": goodput.STORE_OPS_S,  # the store's service rate (replaced by the measured one when torch is there)
@@ -700,10 +699,13 @@ class Sim:
                "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1, "steps": self.steps,
                "server_cpu_s": round(self.busy, 3), "stragglers_named": sorted(self.named),
                "survivors_released": self.how, "step_stopped": self.stopped}
-        if self.scenario == "supervisor":  # the coordinator dies with its node: requeue, restart (modelled)
-            every = self.plan.blast_radius["checkpoint_interval_s"] or 0
-            out.update(detected_s=CONSTANTS["node_down_s"], modelled=True,
-                       recovery_s=CONSTANTS["node_down_s"] + CONSTANTS["requeue_s"] + CONSTANTS["restart_load_s"],
+        if self.scenario == "supervisor":  # the coordinator dies with its node: the standby takes over
+            t = takeover(self.plan, (3 + PHASE) * self.step_s, self.dir / "lease_run")
+            every = self.plan.blast_radius["checkpoint_interval_s"] or 0  # the restart after it: stated
+            out.update(detected_s=round(t["detected_s"], 3), recovered_by="takeover", generation=t["generation"],
+                       old_fenced=t["old_fenced"], modelled="restart",
+                       recovered=t["generation"] == 2 and t["old_fenced"] and self.code == 0,
+                       recovery_s=round(t["detected_s"] + CONSTANTS["restart_load_s"], 3),
                        steps_lost=round(every / 2 / self.step_s, 1))
         elif self.scenario != "straggler":
             out["steps_lost"] = max(0, self.committed_before - decisions[0]["step"]) if decisions else None
@@ -717,6 +719,42 @@ class Sim:
         else:
             out["recovered"] = self.coord.current.gen == 0 and self.last_step + 1 >= self.steps and self.code == 0
         return out
+
+
+def takeover(plan, t_fail: float, run_dir: Path) -> dict:
+    """The supervisor's node lost at `t_fail` on a virtual clock, driven through the real lease
+    (launch/lease.py) and the standby's real watch (launch/batch.watch): the active supervisor renews
+    every period until its node dies; the standby looks every period, half a period after the
+    renewals, from its own start; when the lease has expired it claims the next generation. The old
+    holder, were it to come back, is fenced (its renewal fails). What follows (the ranks started
+    again from the checkpoint level) is the restart's, stated (CONSTANTS, plan/goodput.py)."""
+    from orchestrator.launch.batch import watch
+    from orchestrator.launch.lease import Lease
+    from orchestrator.plan.timeouts import lease_period_s, lease_s
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    timeout = lease_s(plan.spec.failover, plan.spec.launcher.poll_s)
+    period, clock = lease_period_s(timeout), {"now": 0.0, "renew": 0.0}
+    now = lambda: clock["now"]  # noqa: E731
+    active = Lease(run_dir, timeout, holder="supervisor", host="node first", clock=now)
+    standby = Lease(run_dir, timeout, holder="standby", host="node last", clock=now)
+    active.acquire()
+
+    def sleep(s: float) -> None:  # the virtual clock moves on; the active supervisor renews meanwhile
+        until = clock["now"] + s
+        while clock["renew"] + period <= min(until, t_fail):
+            clock["renew"] += period
+            clock["now"] = clock["renew"]
+            assert active.renew()
+        clock["now"] = until
+        if until > t_fail + 10 * timeout:
+            raise RuntimeError(f"no takeover {10 * timeout:g} s after the supervisor's node was lost")
+    sleep(period / 2)
+    seen = watch(standby, run_dir, period, sleep=sleep)
+    taken = clock["now"]
+    if seen is None or not standby.acquire(after=seen):
+        raise RuntimeError("the standby did not take over")
+    return {"detected_s": taken - t_fail, "generation": standby.generation, "old_fenced": not active.renew()}
 
 
 def wait_bound_s(name: str) -> float:
@@ -737,7 +775,7 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
                 "error": str(e)[:2000], "step_s": round(sim.step_s, 3)}
 
 
-def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, requeue_s: float, repair_s: float,
+def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, supervisor_s: float, repair_s: float,
           copies: int, end_s: float | None = None) -> dict:
     """The replay's arithmetic on given costs. `events`: (time, kind, supervisor_hit) in time order;
     `costs`: {kind: seconds the run loses when the copies recover in place (a scenario's delay_s), or
@@ -745,8 +783,8 @@ def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, reque
     failure takes a warm spare and sends its node to repair for `repair_s`; one that finds none left
     shrinks the copies in place (the same loss, and the job runs one copy short, 1/copies of its
     speed lost, until a node is back from repair: a node back fills a shortage first, then the
-    pool); the supervisor's node lost restarts (+ requeue_s). Shortages still open at `end_s` are
-    charged up to it."""
+    pool); the supervisor's node lost costs `supervisor_s` (goodput.supervisor_lost_s: its standby
+    takes over, the run restarts). Shortages still open at `end_s` are charged up to it."""
     back: list[float] = []  # when the failed nodes are back from repair
     short: list[float] = []  # when each open shortage (a copy missing, no spare) began
     pool, lost, restarts, shrinks, unrecovered, short_s = spares, 0.0, 0, 0, 0, 0.0
@@ -767,7 +805,7 @@ def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, reque
         if supervisor_hit or cost is None:
             restarts += 1
             unrecovered += cost is None and not supervisor_hit
-            lost += restart_s + (requeue_s if supervisor_hit else 0.0)
+            lost += supervisor_s if supervisor_hit else restart_s
             continue
         lost += cost
         back.append(t + repair_s)
@@ -790,8 +828,9 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
     for another size): each costs its kind's simulated delay (delay_s: how much later the first step
     the new generation commits does than it would have without the failure; a kind whose scenario
     did not recover: a restart); with no warm spare left the copies shrink in place, the supervisor's
-    node (a node or partition failure one time in `nodes`) restarts from the last checkpoint level
-    (tally). ETTR = productive time / wall time, less the checkpoint overhead; both from the plan
+    node (a node or partition failure one time in `nodes`) is taken over by the standby and the run
+    restarts from the last checkpoint level (goodput.supervisor_lost_s with the takeover's detection
+    the supervisor scenario drove; tally). ETTR = productive time / wall time, less the checkpoint overhead; both from the plan
     (plan/goodput.py: the snapshot level it picks). Warm spares: the plan's (goodput.spare_copies)."""
     plan, rng = plan_of(name), random.Random(seed)
     g = goodput.goodput(plan)
@@ -816,8 +855,10 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
     costs = {k: (r["delay_s"] if r.get("recovered") and r.get("delay_s") is not None else None)
              for k, r in by_kind.items()}
     restart = CONSTANTS["node_down_s"] + g["restart_base_s"]  # restarted, the state read back, half an interval redone
-    out = tally(events, costs, spares, restart, CONSTANTS["requeue_s"], CONSTANTS["repair_s"],
-                plan.layout.dp_replicate, T)
+    sup = by_kind.get("supervisor", {})  # the takeover the scenario drove through the real lease (else the plan's L)
+    supervisor = goodput.supervisor_lost_s(plan, g["restart_base_s"], CONSTANTS["node_down_s"],
+                                           sup.get("detected_s") if sup.get("recovered") else None)
+    out = tally(events, costs, spares, restart, supervisor, CONSTANTS["repair_s"], plan.layout.dp_replicate, T)
     overhead = g["checkpoint_overhead"]  # the blocking part of the plan's checkpoint level
     ettr = (T - out["lost_s"]) / T * (1 - overhead)
     predicted = g["predicted_ettr"]
@@ -827,7 +868,8 @@ def replay(rows: list[dict], name: str, days: float = 54.0, spares: int | None =
             "no_spare_share": round(out["no_spare"] / max(1, len(kinds)), 4),
             "short_copy_hours": round(out["short_copy_hours"], 1),
             "plan_no_spare_chance": round(g["no_spare_chance"], 4), "lost_hours": round(out["lost_s"] / 3600, 2),
-            "restart_s": round(restart, 1), "checkpoint_level": g["checkpoint_level"],
+            "restart_s": round(restart, 1), "supervisor_lost_s": round(supervisor, 1),
+            "plan_supervisor_lost_s": round(g["supervisor_lost_s"], 1), "checkpoint_level": g["checkpoint_level"],
             "checkpoint_interval_s": round(g["checkpoint_interval_s"], 1), "checkpoint_overhead": round(overhead, 5),
             "ettr": round(ettr, 4), "plan_predicted_ettr": round(predicted, 4),
             "plan_minus_sim_points": round(100 * (predicted - ettr), 2)}

@@ -167,7 +167,17 @@ start_mariadb() {
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
 }
 
+end_frozen() {  # the processes of nodes kill-node.sh --freeze froze (a dead machine's): ended for good
+  local f
+  for f in "$DIR"/run/frozen-*; do
+    [[ -f $f ]] || continue
+    xargs -r kill -9 <"$f" 2>/dev/null || true
+    rm -f "$f"
+  done
+}
+
 start_slurm() {
+  end_frozen
   if ! alive "$DIR/run/slurmdbd.pid"; then
     slurmdbd
     for _ in $(seq 100); do sacctmgr -n show cluster >/dev/null 2>&1 && break; sleep 0.2; done
@@ -202,6 +212,7 @@ up() {
 }
 
 down() {
+  end_frozen
   for f in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid" "$DIR/run/slurmdbd.pid" "$DIR/run/mysqld.pid" \
     "$DIR/run/munged.pid"; do
     [[ -f $f ]] || continue

@@ -168,7 +168,7 @@ def test_the_slurm_batch_step_ends_failed_with_the_supervisors_code(tmp_path, mo
     runner does not catch (`except Exception`), so SLURM records FAILED with that exit code and does
     not requeue (a no-progress stop, EXIT_NO_PROGRESS=7, included). Returned, submitit would record
     it as a successful result and SLURM the job as COMPLETED 0:0."""
-    from orchestrator.launch import runs, srun
+    from orchestrator.launch import batch, runs, srun
     from orchestrator.rundir import EXIT_NO_PROGRESS
 
     assert EXIT_NO_PROGRESS == 7
@@ -176,11 +176,12 @@ def test_the_slurm_batch_step_ends_failed_with_the_supervisors_code(tmp_path, mo
     monkeypatch.setattr(runs, "load_plan", lambda run_dir, latest=True: plan)
     monkeypatch.setattr(srun, "hostnames", lambda nodelist: ["n1", "n2"])
     monkeypatch.setattr(srun, "supervise", lambda *a, **k: code)
-    monkeypatch.setattr(srun.BatchJob, "_requeue_or_stop", lambda self, lc: pytest.fail("requeued"))
+    monkeypatch.setattr(srun, "requeue_or_stop", lambda run_dir, lc: pytest.fail("requeued"))
+    monkeypatch.setattr(srun, "start_standby", lambda spec, run_dir, node: None)  # no srun here
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    job = srun.BatchJob(str(tmp_path))
+    job = batch.BatchJob(str(tmp_path))
     if code == 0:
         assert job() == 0
         return
@@ -190,9 +191,9 @@ def test_the_slurm_batch_step_ends_failed_with_the_supervisors_code(tmp_path, mo
 
 
 def test_a_stopped_slurm_batch_step_is_requeued_not_failed(tmp_path, monkeypatch):
-    from orchestrator.launch import srun
+    from orchestrator.launch import batch, srun
     from orchestrator.rundir import EXIT_STOPPED
 
     asked = []
-    monkeypatch.setattr(srun.BatchJob, "_requeue_or_stop", lambda self, lc: asked.append(lc))
-    assert srun.BatchJob(str(tmp_path))._end(EXIT_STOPPED, "lc") == EXIT_STOPPED and asked == ["lc"]
+    monkeypatch.setattr(srun, "requeue_or_stop", lambda run_dir, lc: asked.append(lc))
+    assert batch.BatchJob(str(tmp_path))._end(EXIT_STOPPED, "lc") == EXIT_STOPPED and asked == ["lc"]

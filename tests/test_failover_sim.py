@@ -4,7 +4,8 @@ coordinator, commit tree and in-place decision, leaders emulated on a virtual cl
 (benchmarks/failover_sim.py). Every failure kind recovers in place (an aggregator's death
 included), no healthy copy is dismissed, nobody is left waiting, every wait ends within the
 timeouts, and no step is lost; a loss that is known (a crash, a node down, a stalled copy) aborts
-the survivors' collectives instead of waiting for their timeout; the straggler is named. The
+the survivors' collectives instead of waiting for their timeout; the straggler is named; the
+supervisor's node lost is recovered by its standby taking over through the real lease. The
 replay's arithmetic is checked on given costs (an unrecovered kind is charged a restart, a failure
 with no spare left shrinks the copies). Behaviour only: the timings are the benchmark's to print."""
 import sys
@@ -46,6 +47,25 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
     # (how long recovery takes is the benchmark's to print: failover_sim.py, recovery_s beside wait_bound_s)
 
 
+def test_the_supervisors_node_lost_is_recovered_by_its_standby_taking_over(rows):
+    """The supervisor scenario: the real lease and the standby's real watch on the virtual clock. The
+    standby takes over (generation 2) no sooner than the lease lets it and within a renewal period of
+    its expiry, the old holder coming back is fenced, and the replay charges a supervisor's node the
+    plan's one definition (goodput.supervisor_lost_s) with that detection, not a requeue."""
+    from orchestrator.plan import goodput
+    from orchestrator.plan.timeouts import lease_period_s, lease_s
+
+    r, plan = rows["supervisor"], failover_sim.plan_of("2k-8")
+    timeout = lease_s(plan.spec.failover, plan.spec.launcher.poll_s)
+    assert r["recovered"] and r["recovered_by"] == "takeover" and r["generation"] == 2 and r["old_fenced"], r
+    assert timeout - lease_period_s(timeout) <= r["detected_s"] <= timeout + lease_period_s(timeout), r
+    g = goodput.goodput(plan)
+    replay = failover_sim.replay(list(rows.values()), "2k-8")
+    assert replay["supervisor_lost_s"] == pytest.approx(r["detected_s"] + g["restart_base_s"], abs=0.1)
+    assert g["supervisor_lost_s"] == pytest.approx(g["takeover_s"] + g["restart_base_s"])
+    assert g["takeover_s"] == timeout
+
+
 def test_the_simulation_waits_by_the_plans_ladder():
     plan = failover_sim.plan_of("2k-8")
     fo, t = plan.spec.failover, plan.blast_radius["timeouts"]
@@ -57,12 +77,12 @@ def test_the_simulation_waits_by_the_plans_ladder():
 
 def test_the_replay_charges_given_costs():
     """tally on given costs: each in-place failure its kind's delay; a kind that did not recover a
-    restart (never nothing); the supervisor's node a restart and the requeue; no spare left: the
+    restart (never nothing); the supervisor's node its own cost (a takeover and a restart); no spare left: the
     same delay and one copy short (1/copies of the time) until the first node back."""
     ev = [(0.0, "crash", False), (50.0, "crash", False), (200.0, "node", False), (300.0, "hang", False),
           (400.0, "node", True)]
     got = failover_sim.tally(ev, {"crash": 10.0, "node": 30.0, "hang": None}, spares=1, restart_s=1000.0,
-                             requeue_s=500.0, repair_s=100.0, copies=4)
+                             supervisor_s=1500.0, repair_s=100.0, copies=4)
     # t=0 takes the spare (its node back at 100); t=50 finds none: shrinks until the node back at 100
     # rejoins (50 s x 1/4); t=50's node back at 150 refills the pool; t=200 takes the spare again; the hang
     # did not recover: a restart; t=400: the supervisor's node
@@ -70,10 +90,10 @@ def test_the_replay_charges_given_costs():
     assert (got["restarts"], got["no_spare"], got["unrecovered"]) == (2, 1, 1)
     # no spare at all: every in-place failure shrinks; a node back rejoins (it does not refill the pool)
     none = failover_sim.tally([(0.0, "crash", False), (10.0, "crash", False), (500.0, "crash", False)],
-                              {"crash": 1.0}, 0, 1000.0, 500.0, 100.0, copies=2, end_s=1000.0)
+                              {"crash": 1.0}, 0, 1000.0, 1500.0, 100.0, copies=2, end_s=1000.0)
     assert none["no_spare"] == 3 and none["short_copy_hours"] == pytest.approx((100 + 100 + 100) / 3600)
     assert none["lost_s"] == pytest.approx(3 * 1.0 + 300 / 2)
-    plenty = failover_sim.tally(ev[:4], {"crash": 10.0, "node": 30.0, "hang": 5.0}, 10, 1000.0, 500.0, 100.0, 4)
+    plenty = failover_sim.tally(ev[:4], {"crash": 10.0, "node": 30.0, "hang": 5.0}, 10, 1000.0, 1500.0, 100.0, 4)
     assert plenty["lost_s"] == pytest.approx(55.0) and plenty["restarts"] == plenty["no_spare"] == 0
 
 

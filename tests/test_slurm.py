@@ -216,7 +216,7 @@ def test_allocation_that_does_not_match_the_plan_stops_before_training(cluster, 
     from orchestrator import compose
     from orchestrator.config.compose import typed
     from orchestrator.launch.slurm import make_executor
-    from orchestrator.launch.srun import BatchJob
+    from orchestrator.launch.batch import BatchJob
 
     r = run_cli([*COMMON, "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4", "launcher=dry"], tmp_path)
     assert r.returncode == 0
@@ -336,7 +336,9 @@ def test_a_failed_batch_job_ends_failed_in_sacct_with_its_code(cluster, tmp_path
     run = tmp_path / "run"
     r = run_cli(["hardware=cpu", "model=tiny", "figures=false", "launcher=slurm", "cluster.nodes=1",
                  "hardware.gpus_per_node=1", "training.steps=4", "trainer=command",
-                 f"trainer.command='python {script}'"], tmp_path, timeout=300)
+                 f"trainer.command='python {script}'",
+                 "launcher.node_fail_wait_s=5"],  # its node stays up: each attempt's exit is a crash 5 s later,
+                tmp_path, timeout=300)  # not after SlurmdTimeout + 30 s (60 s at least; the suite's time)
     assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     job = json.loads((run / "slurm_jobs.jsonl").read_text().splitlines()[0])["job_id"]
     deadline, out = time.monotonic() + 600, ""
@@ -361,6 +363,38 @@ def test_a_crashed_rank_stops_the_step_at_once_and_the_run_restarts(cluster, tmp
     (event,) = failovers(run)
     assert event["mode"] == "restart" and "stopped at once" in event["cause"], event
     assert "illegal memory access" in event["cause"] and event["resumed_from_step"] == 4, event
+    got = losses_by_step(run)
+    assert [got[s] for s in range(12)] == pytest.approx(reference[:12], rel=1e-5)
+    assert samples_read(run) == list(range(12 * 16))
+
+
+def test_a_standby_supervisor_takes_over_when_the_first_node_dies(cluster, tmp_path, reference):
+    """#36: the supervisor's own node (node1, the batch step's: the supervisor, the coordinator, the
+    store) dies as a machine that lost power (slurm/kill-node.sh --freeze: nothing of it reports
+    again). The standby supervisor on node2 sees the lease in the run directory expire (6 s), takes
+    over in the same allocation (no requeue), ends the old step, re-plans on node2 and resumes from
+    the checkpoint with the uninterrupted run's losses. Rank 0 stops before step 5 (attempt 0 only), so
+    the node dies at a known step."""
+    run = tmp_path / "run"
+    r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
+                 "training.steps=12", "training.checkpoint.every=2", "fault.kind=hang_rank", "fault.rank=0",
+                 "fault.at_step=5", "failover.progress_deadline_s=120", "failover.lease_s=6"], tmp_path, timeout=300)
+    assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and
+                                                    len((run / "metrics.jsonl").read_text().splitlines()) >= 5):
+            time.sleep(0.3)
+        subprocess.run([str(ROOT / "slurm" / "kill-node.sh"), "--freeze", "node1"], check=True, timeout=30)
+        assert _ended(run) == "completed", (run / "status.json").read_text()
+    finally:
+        subprocess.run([str(SCRIPT), "up"], env=dict(os.environ, NODES="2", GPUS="4", CPUS="8"),
+                       capture_output=True, timeout=300)  # node1's frozen processes ended, node1 back in service
+    (event,) = failovers(run)
+    assert event["mode"] == "supervisor_takeover" and event["node"] == "node1" and event["generation"] == 2, event
+    assert event["nodes_in_service"] == ["node2"] and event["seconds"]["detection"] >= 6, event
+    assert not (run / "requeues.json").exists()  # never requeued (by SLURM: a supervisor_lost event would say so)
+    assert "TAKEOVER" in (run / "logs" / "standby.log").read_text()
     got = losses_by_step(run)
     assert [got[s] for s in range(12)] == pytest.approx(reference[:12], rel=1e-5)
     assert samples_read(run) == list(range(12 * 16))

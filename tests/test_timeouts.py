@@ -58,6 +58,9 @@ def test_plan_md_prints_the_ladder_and_the_goodput(tmp_path):
     assert f"stall deadline {t['stall_s']:.1f} s" in md and "aborts the survivors' pending cross-copy" in md
     assert f"TCP keepalive {t['keepalive_s']:.0f} s" in md
     assert "goodput: predicted ETTR" in md
+    slurm = plan_of("recipe=llama3_405b", "launcher=slurm", "failover.lease_s=20")
+    write_plan(slurm, tmp_path / "slurm", figures=False)
+    assert "standby on the last node takes over when the lease expires (20" in (tmp_path / "slurm" / "plan.md").read_text()
 
 
 def test_the_slurm_supervisor_settles_by_the_plans_window(tmp_path):

@@ -493,6 +493,12 @@ class FailoverConfig:
     # collective (plan/timeouts.py; None: derived from the plan's step and save; plan.md prints them).
     timeout_s: Optional[float] = None  # a collective across copies gives up on a silent peer after this
     quorum_s: Optional[float] = None  # after the first copy's report, how long the coordinator waits for the rest
+    # The supervisor's lease (launch/lease.py): on SLURM with more than one node a standby supervisor
+    # on the last node takes over, in the same allocation, when the active one has not renewed the
+    # lease in the run directory for this long (its node lost). Renewed lease_s / LEASE_RENEWALS
+    # often. None: max(LEASE_FLOOR_S, LEASE_RENEWALS x launcher.poll_s) (plan/timeouts.py): a few
+    # renewals may miss (a shared file system's hiccup) before anyone takes over.
+    lease_s: Optional[float] = None
     # A straggler: a copy whose own work in a step (before it waits on the other copies) took more
     # than straggler_margin x the copies' median for straggler_steps steps in a row (steps its copy
     # spent saving a checkpoint are not counted). It is named in status.json, TensorBoard and

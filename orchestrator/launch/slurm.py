@@ -133,7 +133,7 @@ def submit_jobs(ex, runs: list, folder: Path, code_dir: Path | None) -> list[str
     shared resources), several as one job array; each run records its job and is queued."""
     from contextlib import nullcontext
 
-    from orchestrator.launch.srun import BatchJob
+    from orchestrator.launch.batch import BatchJob
 
     with code_from(code_dir), (ex.batch() if len(runs) > 1 else nullcontext()):
         jobs = [ex.submit(BatchJob(str(run_dir))) for _, run_dir in runs]

@@ -1,7 +1,7 @@
 """Inside a SLURM allocation: the supervisor that owns the job's failures, and its workers.
 
-The SLURM batch step runs `BatchJob` (submitted by launch/slurm.py with submitit, directly in
-the batch step, not under srun). It runs the same failover loop as the local launcher
+The SLURM batch step runs `BatchJob` (launch/batch.py, submitted by launch/slurm.py with submitit,
+directly in the batch step, not under srun), which runs (`resume`) the same failover loop as the local launcher
 (supervisor.py) with `SrunWorkers`: each attempt is one `srun --no-kill` step on the
 nodes still alive. The job is submitted with `--no-kill`, so losing a node does not end
 the allocation: the supervisor sees the node go down (sinfo), gathers every node that fails
@@ -18,11 +18,12 @@ checkpoint. When SLURM signals the batch step itself, submitit calls
 `BatchJob.checkpoint`, which forwards the signal and does the same.
 
 The supervisor's own node: the supervisor (with the coordinator and the job's store) lives in
-the batch step on the allocation's first node. If that node dies SLURM ends the job as
-NODE_FAIL, and because the job is submitted with `--requeue` SLURM requeues it by itself
-(SLURM_RESTART_COUNT > 0); the new supervisor finds status.json still "running", records a
-`supervisor_lost` event and resumes from the last complete checkpoint (steps since it are
-redone). The local launcher does the same when the killed `orchestrate` is run again
+the batch step on the allocation's first node and holds the run's lease; a standby supervisor on
+the last node takes over in the same allocation when the lease expires (launch/batch.py,
+launch/lease.py). A single-node job has no standby: SLURM ends it as NODE_FAIL and, submitted with
+`--requeue`, requeues it (SLURM_RESTART_COUNT > 0); the new supervisor finds status.json still
+"running", records a `supervisor_lost` event and resumes from the last complete checkpoint. The
+local launcher does the same when the killed `orchestrate` is run again
 (tests/test_failover_decisions.py).
 """
 from __future__ import annotations
@@ -370,6 +371,12 @@ class SrunWorkers(Workers):
               f"(not counted as failures)", flush=True)
         return None
 
+    def fence(self) -> None:
+        """A standby took the run's lease (launch/lease.Renewer calls this): stop the step at once;
+        the failover loop then returns without deciding or writing anything (supervisor.supervise)."""
+        self.fenced = True
+        self.stop()
+
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, sig)  # srun forwards it to every task
@@ -386,98 +393,104 @@ class SrunWorkers(Workers):
             self.services = None
 
 
-class BatchJob:
-    """What the SLURM job runs (pickled by submitit): supervise the run in `run_dir` with
-    the allocation SLURM gave, from wherever an earlier job of this run left it."""
+def plan_for(run_dir: Path, nodes: list[str], takeover: bool = False):
+    """The plan to go on with on `nodes`: the run's as planned (after a requeue the allocation is
+    whole again), else the latest attempt's (the survivors of a failover); a standby that took over
+    re-plans on the survivors when they are fewer still. An allocation that does not fit stops."""
+    from orchestrator.launch.runs import load_plan
+    from orchestrator.plan.replan import replan_on_survivors
 
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
-        self.workers: SrunWorkers | None = None
-
-    def __call__(self) -> int:
-        from orchestrator.launch.runs import load_plan
-
-        run_dir = Path(self.run_dir)
-        given = hostnames(os.environ["SLURM_JOB_NODELIST"])
-        left_out = failover.excluded_nodes(events.read_events(run_dir))  # drained or flapping earlier in the run
-        nodes = [n for n in given if n not in left_out]
-        if left_out and len(nodes) < len(given):
-            print(f"left out of this job's steps: {sorted(set(given) - set(nodes))} (drained or flapping: "
-                  f"failed {failover.FLAP_FAILURES} times within {failover.FLAP_WINDOW_S:.0f} s)", flush=True)
-        plan = load_plan(run_dir, latest=False)  # the run as planned; after a requeue the allocation is whole again
-        if len(nodes) < plan.spec.cluster.nodes:
-            plan = load_plan(run_dir)  # the latest attempt's, on the survivors of a failover
-        spec = plan.spec
-        need, gpn = spec.cluster.nodes, spec.hardware.gpus_per_node
-        per_node = os.environ.get("SLURM_NTASKS_PER_NODE", str(gpn)).split("(")[0]
-        if len(nodes) < need or int(per_node) != gpn:
-            msg = (f"allocation mismatch: SLURM gave {len(nodes)} node(s) with {per_node} task(s) per node, the plan "
-                   f"needs cluster.nodes={need} x hardware.gpus_per_node={gpn}; stopping before any training. "
-                   f"Re-plan for this allocation, or submit with the plan's")
+    plan = load_plan(run_dir, latest=False)
+    if len(nodes) < plan.spec.cluster.nodes:
+        plan = load_plan(run_dir)
+    if takeover and len(nodes) < plan.spec.cluster.nodes:
+        rp = replan_on_survivors(plan, len(nodes))
+        if rp.plan is None:
+            msg = f"no layout fits the {len(nodes)} node(s) left after the supervisor's node: " + "; ".join(rp.problems)
             write_status(run_dir, state="failed", message=msg)
             raise RuntimeError(msg)
-        status = read_status(run_dir)
-        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) and status.get("state") in ("running", "re-forming"):
-            # SLURM requeued the job without this supervisor asking (its node failed: NODE_FAIL, --requeue)
-            events.record(run_dir, {"mode": "supervisor_lost", "job_id": os.environ.get("SLURM_JOB_ID"),
-                                    "restarts": int(os.environ["SLURM_RESTART_COUNT"]),
-                                    "failed_after_step": steps_completed(run_dir, range(10**6))})
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        write_status(run_dir, state="running", job_id=os.environ.get("SLURM_JOB_ID"), nodes=nodes, restarts=restarts,
-                     message=f"supervisor up on {nodes[0]} (SLURM job {os.environ.get('SLURM_JOB_ID')}"
-                             + (f", requeued {restarts} time(s) by SLURM" if restarts else "")
-                             + "), starting the ranks")
-        self.workers = SrunWorkers(spec, run_dir, nodes)
-        code = supervise(plan, run_dir, self.workers, first_attempt=int(status.get("next_attempt", 0)))
-        return self._end(code, spec.launcher)
+        print(f"re-planned on the {len(nodes)} surviving node(s): {', '.join(rp.changes)}", flush=True)
+        return rp.plan
+    need, gpn = plan.spec.cluster.nodes, plan.spec.hardware.gpus_per_node
+    per_node = os.environ.get("SLURM_NTASKS_PER_NODE", str(gpn)).split("(")[0] if not takeover else str(gpn)
+    if len(nodes) < need or int(per_node) != gpn:
+        msg = (f"allocation mismatch: SLURM gave {len(nodes)} node(s) with {per_node} task(s) per node, the plan "
+               f"needs cluster.nodes={need} x hardware.gpus_per_node={gpn}; stopping before any training. "
+               f"Re-plan for this allocation, or submit with the plan's")
+        write_status(run_dir, state="failed", message=msg)
+        raise RuntimeError(msg)
+    return plan
 
-    def _end(self, code: int, lc) -> int:
-        """How the job ends, as SLURM records it. 0: COMPLETED. EXIT_STOPPED (every rank saved on
-        request: preemption, time limit): requeued, to resume from that checkpoint. Any other code
-        (a failure, no progress, steps missing) ends the batch step with it, so SLURM records the job
-        FAILED with that exit code and does not requeue it: returned, submitit would record it as a
-        successful result and the job as COMPLETED 0:0. SystemExit is not an Exception, so
-        submitit's job runner (submitit.core.submission.process_job, `except Exception`) lets it
-        through and the process exits with the code; no result is pickled (nothing reads one)."""
-        if code == EXIT_STOPPED:  # every rank saved on request (preemption, time limit): come back
-            self._requeue_or_stop(lc)
-            return code
-        if code:
-            print(f"the supervisor ends the job with exit status {code} (not requeued)", flush=True)
-            sys.exit(code)
-        return code
 
-    def checkpoint(self, *args, **kwargs):
-        """Preemption or time limit signalled to this batch step (submitit calls this on USR2):
-        let every rank save at its next step boundary, then requeue the job."""
-        from orchestrator.launch.runs import load_plan
+def start_standby(spec, run_dir: Path, node: str) -> subprocess.Popen:
+    """The standby supervisor (launch/batch.py) as an srun step of one task on `node`; it writes its
+    own log, logs/standby.log (not through this srun, which dies with the first node)."""
+    lc = spec.launcher
+    rundir.log_file(run_dir, "standby").parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["srun", "--overlap", "--no-kill", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+           f"--cpus-per-task={lc.cpus_per_task}", "--output=/dev/null", *sbatch.container_args(lc, run_dir),
+           lc.container_python if lc.container_image else sys.executable, "-m", "orchestrator.launch.batch",
+           str(run_dir)]
+    print(f"standby supervisor on {node}: {' '.join(cmd)}", flush=True)
+    return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
 
-        lc = load_plan(Path(self.run_dir)).spec.launcher
-        if self.workers is not None and self.workers.proc is not None:
-            self.workers.stop_requested = True
-            self.workers.signal(signal.SIGUSR2)
-            deadline = time.monotonic() + max(lc.signal_delay_s - 10, 10)
-            while self.workers.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.5)
-        self._requeue_or_stop(lc)
 
-    def _requeue_or_stop(self, lc) -> None:
-        """Requeue this job (it resumes from the checkpoint the ranks just wrote), at most
-        launcher.max_requeues times; past that, stop with one plain line saying how to continue."""
-        from orchestrator.launch.runs import final_line
+def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, standby_on: str | None = None) -> int:
+    """Supervise the run on `nodes` while holding `lease` (renewed on a thread; launch/lease.py),
+    from wherever it was left: by an earlier job of the run (SLURM requeued it, its supervisor's node
+    lost: a `supervisor_lost` event) or, for a standby that took over (`takeover`: called with the
+    plan and the attempt before the ranks start), by this job's earlier supervisor. The exit code
+    of the failover loop; EXIT_FENCED when a successor took the lease meanwhile."""
+    from orchestrator.launch.lease import Renewer
+    from orchestrator.plan.timeouts import lease_period_s
 
-        run_dir = Path(self.run_dir)
-        path = run_dir / rundir.REQUEUES_JSON
-        n = json.loads(path.read_text())["count"] if path.exists() else 0
-        if n >= lc.max_requeues:
-            write_status(run_dir, state="stopped", message=f"preempted or out of time {n + 1} time(s); "
-                         f"launcher.max_requeues={lc.max_requeues} reached")
-            print(final_line(run_dir), flush=True)
-            os._exit(rundir.EXIT_OK)  # no requeue and no traceback: the status and the line above say how to continue
-        rundir.write_json(path, {"count": n + 1})
-        write_status(run_dir, state="requeued", message=f"requeue {n + 1} of at most {lc.max_requeues}")
-        job = os.environ["SLURM_JOB_ID"]
-        print(f"requeueing job {job} ({n + 1} of at most {lc.max_requeues}); it resumes from its checkpoint",
-              flush=True)
-        subprocess.run(["scontrol", "requeue", job], check=False, timeout=60)
-        time.sleep(600)  # SLURM ends this process; the requeued job starts a new supervisor
+    plan = plan_for(run_dir, nodes, takeover is not None)
+    status = read_status(run_dir)
+    restarts, job_id = int(os.environ.get("SLURM_RESTART_COUNT", "0")), os.environ.get("SLURM_JOB_ID")
+    if takeover is None and restarts and status.get("state") in ("running", "re-forming"):
+        # SLURM requeued the job without this supervisor asking (its node failed: NODE_FAIL, --requeue)
+        events.record(run_dir, {"mode": "supervisor_lost", "job_id": job_id, "restarts": restarts,
+                                "failed_after_step": steps_completed(run_dir, range(10**6))})
+    first = int(status.get("next_attempt", 0))
+    write_status(run_dir, state="running", job_id=job_id, nodes=nodes, restarts=restarts, supervisor=lease.holder,
+                 message=(f"standby supervisor on {lease.host} took over (lease generation {lease.generation})"
+                          if takeover else f"supervisor up on {nodes[0]} (SLURM job {job_id}"
+                          + (f", requeued {restarts} time(s) by SLURM" if restarts else "") + ")")
+                 + ", starting the ranks")
+    if standby_on is not None:
+        start_standby(plan.spec, run_dir, standby_on)
+    workers = SrunWorkers(plan.spec, run_dir, nodes)
+    if job is not None:
+        job.workers = workers
+    renewer, code = Renewer(lease, lease_period_s(lease.timeout_s), workers.fence), rundir.EXIT_FAILED
+    try:
+        if takeover is not None:
+            takeover(plan, first)
+        code = supervise(plan, run_dir, workers, first_attempt=first)
+    finally:
+        renewer.stop()
+        if code != rundir.EXIT_FENCED:  # the run ended under this holder: no standby takes over
+            lease.release()
+    return code
+
+
+def requeue_or_stop(run_dir: Path, lc) -> None:
+    """Requeue this job (it resumes from the checkpoint the ranks just wrote), at most
+    launcher.max_requeues times; past that, stop with one plain line saying how to continue."""
+    from orchestrator.launch.runs import final_line
+
+    run_dir = Path(run_dir)
+    path = run_dir / rundir.REQUEUES_JSON
+    n = json.loads(path.read_text())["count"] if path.exists() else 0
+    if n >= lc.max_requeues:
+        write_status(run_dir, state="stopped", message=f"preempted or out of time {n + 1} time(s); "
+                     f"launcher.max_requeues={lc.max_requeues} reached")
+        print(final_line(run_dir), flush=True)
+        os._exit(rundir.EXIT_OK)  # no requeue and no traceback: the status and the line above say how to continue
+    rundir.write_json(path, {"count": n + 1})
+    write_status(run_dir, state="requeued", message=f"requeue {n + 1} of at most {lc.max_requeues}")
+    job = os.environ["SLURM_JOB_ID"]
+    print(f"requeueing job {job} ({n + 1} of at most {lc.max_requeues}); it resumes from its checkpoint",
+          flush=True)
+    subprocess.run(["scontrol", "requeue", job], check=False, timeout=60)
+    time.sleep(600)  # SLURM ends this process; the requeued job starts a new supervisor

@@ -56,6 +56,7 @@ class Workers(ABC):
     The in-place policy (launch/inplace.InPlace) calls the methods below the abstract ones."""
 
     current: list = []  # the nodes the running attempt uses, in the plan's order
+    fenced: bool = False  # a standby took the run's lease (launch/lease.py): stop, decide and write nothing
 
     @abstractmethod
     def nodes(self) -> list:
@@ -116,6 +117,8 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
     alive = workers.nodes()
     attempt, failovers = first_attempt, len([e for e in events.read_events(run_dir) if e.get("mode") == "restart"])
     while True:
+        if workers.fenced:  # a successor supervises the run now (launch/lease.py): step down, write nothing
+            return rundir.EXIT_FENCED
         plan_dir = rundir.attempt_dir(run_dir, attempt)
         if attempt:
             write_plan(plan, plan_dir, figures=False)
@@ -131,6 +134,8 @@ def supervise(plan, run_dir: Path, workers: Workers, say=print, first_attempt: i
                                                            rundir.ENV_ATTEMPT: str(attempt)}, policy)
         record_attempt(run_dir, attempt, plan_dir, used or start_on)
         outcome = workers.wait()
+        if workers.fenced:
+            return rundir.EXIT_FENCED
         if policy is not None:  # generations decided in place moved the plan on
             plan, attempt = policy.plan, policy.attempt
             write_status(run_dir, next_attempt=attempt + 1)

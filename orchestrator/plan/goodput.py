@@ -32,8 +32,10 @@ anyway), then
 and then the generation's groups are rebuilt (REBUILD_STORE_OPS per rank through the job's
 store, train/replicas.py) and the step in flight (the one the change began in) is redone. A restart from the last checkpoint
 (not in place, no warm spare left to take over, or the supervisor's node lost) costs the same
-wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone
-(plus REQUEUE_S when the supervisor's node is lost on SLURM: the job is requeued). A plan that is not
+wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone.
+The supervisor's node lost (supervisor_lost_s) costs, on SLURM with more than one node, the lease
+timeout L instead of the wait (a standby takes over in the same allocation: launch/batch.py) and
+that restart; with no standby (one node) the wait, the restart and the requeue (REQUEUE_S). A plan that is not
 in place loses nothing to a drain (the node trains on and is left out of the next launch).
 
 Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
@@ -59,7 +61,7 @@ else the peer-memory interval chosen here, in steps; train/keeper.py) and writes
 level at training.checkpoint.every.
 
 The supervisor lives on the first node: one node or partition failure in
-`nodes` takes it away (crashes, hangs and drains leave it running).
+`nodes` takes it away (crashes, hangs and drains leave it running); its standby lives on the last.
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ SUPERVISOR_KINDS = ("node", "partition")  # the kinds that take the node away: t
 REBUILD_STORE_OPS = 3  # store operations per rank to rebuild a generation's groups (train/replicas.py)
 STORE_OPS_S = 25_000.0  # a TCPStore's service rate (benchmarks/failover_sim.py measures ~2.4e4/s on loopback)
 RELAUNCH_S = 120.0  # a restart: every rank started again and its world formed, before the checkpoint is read
-REQUEUE_S = 300.0  # the supervisor's node lost: SLURM ends the job (NODE_FAIL) and starts it again (--requeue)
+REQUEUE_S = 300.0  # a one-node job's node lost (no standby): SLURM ends it (NODE_FAIL), starts it again (--requeue)
 REPAIR_S = 4 * 3600.0  # a failed node is back in service (as a spare) after this
 SPARE_MISS = 0.05  # the pool is sized so that a failure finds no spare at most this often
 SNAPSHOT_GBPS = 50.0  # GB/s per GPU to copy its state into pinned host memory (PCIe 5 x16), the blocking part
@@ -178,7 +180,8 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     spares, spares_from = spare_copies(plan)
     p_empty = no_spare_chance(spares, REPAIR_S / mtbf_s) if in_place else 1.0
     # A failure that takes its node away (node, partition) takes the supervisor with it one time in
-    # `nodes`: the job starts again (on SLURM, requeued). A crash, hang or drain leaves it running.
+    # `nodes`: the standby takes over and the job restarts (supervisor_lost_s). A crash, hang or drain
+    # leaves it running.
     p_supervisor = 1.0 / max(1, plan.spec.cluster.nodes)
     restart_share = (p_supervisor * sum(shares[k] for k in SUPERVISOR_KINDS)) if in_place else 1.0
     level = checkpoint_level(plan, in_place, restart_share / mtbf_s)
@@ -186,13 +189,12 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     restart = {k: wait[k] + base for k in shares}
     if not in_place:
         restart["drain"] = 0.0  # planned: the node trains on and is left out of the next launch
-    requeue = REQUEUE_S if plan.spec.launcher.name.value == "slurm" else 0.0
     copies = max(1, plan.layout.dp_replicate)
     short = REPAIR_S / (spares + 1) / copies if in_place else 0.0  # no spare: one copy short until a node is back
     cost = {k: kept[k] + p_empty * short for k in shares} if in_place else dict(restart)
     if in_place:
         for k in SUPERVISOR_KINDS:
-            cost[k] = p_supervisor * (restart[k] + requeue) + (1 - p_supervisor) * cost[k]
+            cost[k] = p_supervisor * supervisor_lost_s(plan, base, wait[k]) + (1 - p_supervisor) * cost[k]
     lost = sum(shares[k] * cost[k] for k in shares)
     ettr = (1 - level["overhead"]) * max(0.0, 1 - lost / mtbf_s)
     return {"in_place": in_place, "lost_per_failure_s": lost, "predicted_ettr": ettr,
@@ -202,7 +204,8 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
             "no_spare_chance": p_empty if in_place else 0.0, "restart_share": restart_share,
             "checkpoint_level": level["level"], "checkpoint_interval_s": level["interval_s"],
             "checkpoint_overhead": level["overhead"], "snapshot_s": level["blocking_s"], "restart_base_s": base,
-            "steps_lost_per_restart": level["interval_s"] / 2 / step_s if step_s else 0.0, "rebuild_s": rebuild}
+            "steps_lost_per_restart": level["interval_s"] / 2 / step_s if step_s else 0.0, "rebuild_s": rebuild,
+            "takeover_s": takeover_s(plan), "supervisor_lost_s": supervisor_lost_s(plan, base, wait["node"])}
 
 
 def snapshot_every(plan) -> dict:
@@ -218,3 +221,26 @@ def snapshot_every(plan) -> dict:
         return {"every_steps": 0, "from": f"the plan's checkpoint level ({g.get('checkpoint_level', 'none')})"}
     return {"every_steps": max(1, round(g["checkpoint_interval_s"] / step)),
             "from": "the plan's peer-memory interval (Young/Daly on the failures that restart)"}
+
+
+def takeover_s(plan) -> float | None:
+    """How long a standby supervisor takes to know the active one's node is gone: the lease timeout
+    (failover.lease_s, plan/timeouts.lease_s; launch/lease.py). None where there is no standby: the
+    local launcher (one machine) and a one-node SLURM job."""
+    from orchestrator.plan.timeouts import lease_s
+
+    if plan.spec.launcher.name.value != "slurm" or plan.spec.cluster.nodes < 2:
+        return None
+    return lease_s(plan.spec.failover, plan.spec.launcher.poll_s)
+
+
+def supervisor_lost_s(plan, base_s: float, wait_s: float, detected_s: float | None = None) -> float:
+    """What losing the supervisor's node costs, one definition for the plan and the simulation's replay
+    (benchmarks/failover_sim.py, which passes the detection it drove through the real lease): with a
+    standby, the lease timeout (or `detected_s`) and a restart from the checkpoint level in the same
+    allocation (`base_s`: relaunched, the state read back, half an interval redone); without one, the
+    failure's `wait_s`, the restart, and on SLURM the requeue (REQUEUE_S)."""
+    t = takeover_s(plan)
+    if t is None:
+        return wait_s + base_s + (REQUEUE_S if plan.spec.launcher.name.value == "slurm" else 0.0)
+    return (t if detected_s is None else float(detected_s)) + base_s

@@ -22,6 +22,10 @@ resort, for a loss nobody noticed (a peer cut off that still beats).
   that sent no reset) errors, and the coordinator reads it as the copy lost (launch/control.py
   `closed`), then aborts. It catches a partition only where the control connection shares the
   cut path; a peer cut off from the collective's network alone is the collective timeout's.
+- L, the supervisor's lease (failover.lease_s; lease_s): on SLURM with more than one node a
+  standby supervisor takes over, in the same allocation, when the active one has not renewed its
+  lease in the run directory for L (launch/lease.py, launch/standby.py); it is renewed every
+  L / LEASE_RENEWALS. Apart from the ladder below: it guards the supervisor, not the ranks.
 - W, the settle window (settle_s): failures seen within it after the first are
   one recovery (two nodes lost at once re-plan once). SETTLE_FRACTION of D, 1 .. 30 s.
 - Q, the quorum (failover.quorum_s): after the first copy reports a failure the coordinator
@@ -75,6 +79,22 @@ def node_confirm_s(lc, slurmd_timeout_s: float | None = None) -> float:
         return float(lc.node_fail_wait_s)
     timeout = SLURMD_TIMEOUT_S if slurmd_timeout_s is None else float(slurmd_timeout_s)
     return max(NODE_FAIL_FLOOR_S, timeout + NODE_FAIL_MARGIN_S)
+
+
+LEASE_FLOOR_S, LEASE_RENEWALS = 15.0, 5  # the supervisor's lease: its timeout's floor; renewals per timeout
+
+
+def lease_s(fo, poll_s: float = 0.0) -> float:
+    """L: the supervisor's lease timeout (failover.lease_s, or at least LEASE_FLOOR_S and
+    LEASE_RENEWALS looks of the supervisor, launcher.poll_s): a standby takes over after it."""
+    if fo.lease_s is not None:
+        return float(fo.lease_s)
+    return max(LEASE_FLOOR_S, LEASE_RENEWALS * float(poll_s or 0.0))
+
+
+def lease_period_s(lease: float) -> float:
+    """How often the active supervisor renews its lease: LEASE_RENEWALS times per timeout."""
+    return float(lease) / LEASE_RENEWALS
 
 
 def detection_s(step_s: float, save_s: float, fo) -> float:

@@ -162,6 +162,10 @@ def _blast(plan) -> list[str]:
                      f"{_fmt_s(g['snapshot_s'])}, overhead {g['checkpoint_overhead']:.2%}), the file system in the "
                      f"background; warm spare copies {g['spare_copies']} ({g['spares_from']}): a failure finds none "
                      f"{g['no_spare_chance']:.1%} of the time and the copies then shrink in place")
+        if g.get("takeover_s") is not None:  # SLURM, more than one node: launch/batch.py, launch/lease.py
+            L.append(f"  supervisor's node lost: a standby on the last node takes over when the lease expires "
+                     f"({_fmt_s(g['takeover_s'])}, failover.lease_s) and restarts in the same allocation "
+                     f"(~{_fmt_s(g['supervisor_lost_s'])} lost)")
     snap = br.get("snapshot") or {}
     if snap.get("every_steps"):  # plan/goodput.snapshot_every: what the runtime takes (train/keeper.py)
         L.append(f"  memory snapshots: every {snap['every_steps']} step(s) ({snap['from']}), in this node's and a buddy "

@@ -18,6 +18,7 @@ orchestrator.config, for its schema).
       progress/<host>.<pid>      each live rank's last beat (the launchers' hang deadline)
       slurm/  slurm_jobs.jsonl   submitit's folder; every SLURM job of the run
       control.key                the job's control secret (0600)
+      lease/holder.json gen<N>   which supervisor holds the run (generation N), last renewed when
       attempt<N>/                a re-planned attempt's plan.json (and its logs/)
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ PROGRESS = "progress"  # progress/<host>.<pid>: each rank's last beat (train/wor
 SLURM_DIR = "slurm"  # submitit's folder (batch scripts, the supervisor's output); a sweep's: slurm/group<N>/
 CONTROL_KEY = "control.key"  # the job's control secret (train/wire.py), 0600
 ATTEMPT = "attempt"  # attempt<N>/
+LEASE, LEASE_HOLDER = "lease", "holder.json"  # lease/holder.json + lease/gen<N>: the supervisor's (launch/lease.py)
 
 
 def log_file(plan_dir: Path, name: str) -> Path:
@@ -82,6 +84,7 @@ EXIT_NO_CHECKPOINT = 4  # every complete checkpoint is damaged: the run stops an
 EXIT_LEFT = 5  # a copy the coordinator dismissed (not part of the next generation)
 EXIT_INCOMPLETE = 6  # every rank ended, with steps missing (a failover path that ended the run early)
 EXIT_NO_PROGRESS = 7  # attempts kept failing at the same step: a requeue would do the same
+EXIT_FENCED = 8  # a standby supervisor took the run's lease (launch/lease.py): this one stepped down
 EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # Ctrl-C; the output pipe was closed
 
 
