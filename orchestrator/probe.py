@@ -12,10 +12,11 @@ collective model need, on this machine, in processes set up as the runtime's ran
   the runtime's own transformer block (model=tiny) forward and backward over the kernels the
   shape model counts for it -> `launch_overhead_us` (module calls, autograd and Python
   between ops, which decide a tiny model's step);
-- gloo all-reduce between `ranks` local processes: 8 bytes (latency -> the tiers' latency)
-  and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s);
-- each collective call as the runtime issues it, between pieces of work, at the tiny model's
-  sizes (runtime_calls: a DTensor redistribute, a plain c10d call) -> `tp_call_us`,
+- gloo all-reduce within pairs of the `ranks` local processes, every pair at once: 8 bytes
+  (latency -> the tiers' latency) and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s);
+- each collective call as the runtime issues it, over pairs of ranks, every pair at once,
+  between pieces of work, at the tiny model's sizes (runtime_calls: a DTensor redistribute,
+  a plain c10d call) -> `tp_call_us`,
   `c10d_call_us` (plan/overheads.py counts the calls per layout);
 - the runtime's own model (model=tiny: its blocks, embedding, head and loss, one micro-batch
   forward and backward with the loss read as the trainer reads it) in every rank at once, plain,
@@ -40,7 +41,7 @@ import socket
 import time
 
 
-from orchestrator.plan.machine import CALL_KEYS
+from orchestrator.plan.machine import CALL_KEYS, PROBE_GROUP
 # The preset keys the probe measures directly and the raw figures each is (derive()'s `terms`
 # adds the derived call costs, DERIVED_FROM; tp_call_us and c10d_call_us are timed as they are).
 MEASURED_FROM = {
@@ -50,7 +51,7 @@ MEASURED_FROM = {
     "host_cores": ("work_s", "gloo.work_s", "cores_allowed"),
     "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
 }
-PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
+PAIR = PROBE_GROUP  # every call and the runtime's model under TP, CP, FSDP2, PP: over pairs of the probe's ranks
 
 
 def tiny_spec(*overrides: str):
@@ -131,12 +132,16 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # latency and bandwidth between the ranks of each pair, every pair at once (as the calls below)
+    pair = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"].get_group()
     small, big = torch.zeros(2), torch.zeros(1 << 20)
     for _ in range(10):
-        dist.all_reduce(small)
+        dist.all_reduce(small, group=pair)
     dist.barrier()
-    lat = _best(lambda: dist.all_reduce(small), repeat=5, number=40)
-    bw_t = _best(lambda: dist.all_reduce(big), repeat=3, number=3)
+    lat = _best(lambda: dist.all_reduce(small, group=pair), repeat=5, number=40)
+    bw_t = _best(lambda: dist.all_reduce(big, group=pair), repeat=3, number=3)
     calls = runtime_calls(world)
     models = model_calls(world, rank) + pipeline_calls(world)
     dist.barrier()
@@ -166,7 +171,10 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    # over pairs of ranks, every pair at once (as the model is measured): the probe's `ranks` processes
+    # share the cores as a run's do, and each call spans the group the cost model prices it for
+    mesh = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"]
+    group = mesh.get_group()
     seq, h = 64, 64
     w0 = torch.randn(h, h)
 
@@ -181,7 +189,7 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
         """Seconds of one call issued between pieces of work, above the work alone."""
         return _best(lambda: (work(), fn()), repeat=5, number=20) - alone
 
-    part = DTensor.from_local(torch.randn(1, seq // world, h), mesh, [Shard(1)], run_check=False)
+    part = DTensor.from_local(torch.randn(1, seq // PAIR, h), mesh, [Shard(1)], run_check=False)
     partial = DTensor.from_local(torch.randn(1, seq, h), mesh, [Partial()], run_check=False)
     ag = call(lambda: part.redistribute(mesh, [Replicate()]).to_local().sum())
     rs = call(lambda: partial.redistribute(mesh, [Shard(1)]).to_local().sum())
@@ -189,9 +197,10 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
     da = DTensor.from_local(a, mesh, [Replicate()], run_check=False)
     dw = DTensor.from_local(w, mesh, [Shard(1)], run_check=False)
     op = _best(lambda: torch.mm(da, dw), repeat=5, number=50) - _best(lambda: torch.mm(a, w), repeat=5, number=50)
-    kv = torch.randn(1, seq // world, h)
-    outs = [torch.empty_like(kv) for _ in range(world)]
-    c10d = (call(lambda: dist.all_gather(outs, kv)) + call(lambda: dist.all_reduce(kv))) / 2
+    kv = torch.randn(1, seq // PAIR, h)
+    outs = [torch.empty_like(kv) for _ in range(PAIR)]
+    c10d = (call(lambda: dist.all_gather(outs, kv, group=group))
+            + call(lambda: dist.all_reduce(kv, group=group))) / 2
     return max((ag + rs) / 2, 0.0), max(op, 0.0), max(c10d, 0.0)
 
 
@@ -365,8 +374,8 @@ def collectives(ranks: int = 2) -> dict:
         os.environ["OMP_NUM_THREADS"] = "1"
         mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
         lat, bw_t, nbytes, tp, op, c10d, *models, work = (float(x) for x in open(out).read().split())
-    bus = 2.0 * (ranks - 1) / ranks * nbytes / bw_t / 1e9
-    return {"ranks": ranks, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
+    bus = 2.0 * (PAIR - 1) / PAIR * nbytes / bw_t / 1e9  # an all-reduce within a pair
+    return {"ranks": ranks, "group": PAIR, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
             "bare_dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6,
             "model_ms": dict(zip(MODEL_TIMES, (x * 1e3 for x in models))), "work_s": work}
 
@@ -390,13 +399,52 @@ def derive(measured: dict) -> dict:
     # which came out below zero and stand at zero: the preset's record of what it measured.
     out["terms"] = {**MEASURED_FROM, **{k: tuple("gloo." + f for f in v) for k, v in DERIVED_FROM.items()}}
     out["floored"] = floored
-    ranks, allowed = g["ranks"], measured["cores_allowed"]
-    # The cores the ranks really get: the same work in `ranks` processes at once against one alone
-    # (other load on the host takes its share; ranks beyond these share their time).
-    got = ranks * measured["work_s"] / g["work_s"]
-    # (at least one: the single-process figures above already carry the load one process sees)
-    out["host_cores"] = round(min(float(allowed), max(got, 1.0)), 2) if got < ranks * 0.95 else float(allowed)
+    out["host_cores"] = cores_worth(g["ranks"], measured["work_s"], g["work_s"], measured["cores_allowed"])
     return out
+
+
+def cores_worth(ranks: int, alone_s: float, together_s: float, allowed: int) -> float:
+    """The cores the ranks really get: the same work in `ranks` processes at once (`together_s`, the
+    slowest) against one alone (other load on the host takes its share; ranks beyond these share
+    their time); at least one (the single-process figures already carry the load one process sees)."""
+    got = ranks * alone_s / together_s
+    return round(min(float(allowed), max(got, 1.0)), 2) if got < ranks * 0.95 else float(allowed)
+
+
+def _work_together(barrier, queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
+    _work()
+    barrier.wait()
+    t = time.perf_counter()
+    for _ in range(5):
+        _work()
+    queue.put((time.perf_counter() - t) / 5)
+
+
+def cores_now(ranks: int) -> float:
+    """The cores' worth `ranks` processes get on this host now, as the probe's `host_cores` is
+    measured (cores_worth: _work in `ranks` processes at once against one alone, each timed the
+    same way, one after the other), in a second or two: beside a run, what other load on a
+    shared host leaves it (benchmarks/readme_cpu.py)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+
+    def slowest(n: int) -> float:
+        barrier, queue = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_work_together, args=(barrier, queue)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        out = max(queue.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(timeout=30)
+        return out
+
+    alone, together = slowest(1), slowest(ranks)
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores_worth(ranks, alone, together, allowed)
 
 
 def probe(ranks: int = 2) -> dict:
