@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from functools import lru_cache
 
 
 from orchestrator.plan.machine import CALL_KEYS, PROBE_GROUP
@@ -326,12 +327,10 @@ DERIVED_FROM = {
 }
 
 
-def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
-             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
-    """The per-op and per-call costs the model's measurements leave once the calls the cost model
-    counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
-    results in microseconds, as the preset holds them), and the terms whose measured difference
-    came out below zero (noise larger than the cost: zero in the preset, and named)."""
+@lru_cache(maxsize=1)
+def _tiny_counts() -> tuple[float, int, int, int]:
+    """What the cost model counts for the tiny model under TP over a pair (one stage): kernels per
+    micro-batch (plan/kernels.py), layers, redistributes (plan/overheads.py) and parameter tensors."""
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.overheads import parameter_tensors
     from orchestrator.plan.plan import shape_plan
@@ -342,8 +341,17 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
     st = shaped.stages[0]
     kernels = stage_features(st, shaped.mm, shape_of(shaped.layout, spec.training, spec.hardware, spec)).kernels * 1e6
     n = len(st.layers)
-    redistributes, loss = 8 * n + 2 * (st.embeds + st.outputs), 4  # as overheads.host_calls counts them
-    params = parameter_tensors(st, shaped.mm)
+    return kernels, n, 8 * n + 2 * (st.embeds + st.outputs), parameter_tensors(st, shaped.mm)
+
+
+def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
+             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
+    """The per-op and per-call costs the model's measurements leave once the calls the cost model
+    counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
+    results in microseconds, as the preset holds them), and the terms whose measured difference
+    came out below zero (noise larger than the cost: zero in the preset, and named)."""
+    kernels, n, redistributes, params = _tiny_counts()
+    loss = 4  # as overheads.host_calls counts them
     # (difference, per what): each cost is the model's time less what is counted, per op, call,
     # unit, tensor or micro-batch
     raw = {
