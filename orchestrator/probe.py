@@ -30,7 +30,8 @@ collective model need, on this machine, in processes set up as the runtime's ran
   (`pp_microbatch_us`) and the optimizer's per parameter tensor (`optimizer_us`,
   `dtensor_optimizer_us`);
 - the cores' worth the ranks get (`host_cores`): the same work in `ranks` processes at once
-  against one alone, so other load on a shared host counts (ranks beyond it share the time).
+  against one process alone, each timed the same way (_slowest; cores_now() measures it beside
+  a run), so other load on a shared host counts (ranks beyond it share the time).
 
 torch is imported here only: `import orchestrator` and the planner stay torch-free.
 """
@@ -49,7 +50,7 @@ MEASURED_FROM = {
     "peak_tflops": ("gemm_tflops",), "hbm_gbps": ("hbm_gbps",), "launch_overhead_us": ("layer_op_us",),
     "intra_node_gbps": ("gloo.bus_gbps",), "inter_node_gbps": ("gloo.bus_gbps",),
     "intra_node_latency_us": ("gloo.latency_us",), "inter_node_latency_us": ("gloo.latency_us",),
-    "host_cores": ("work_s", "gloo.work_s", "cores_allowed"),
+    "host_cores": ("work_s", "work_together_s", "cores_allowed"),
     "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
 }
 PAIR = PROBE_GROUP  # every call and the runtime's model under TP, CP, FSDP2, PP: over pairs of the probe's ranks
@@ -101,7 +102,7 @@ def local_components() -> dict:
 
     per_op = _best(ops, number=4) / 101 * 1e6  # 50 multiplies + the sum, forward and backward
     return {"gemm_tflops": gemm, "hbm_gbps": hbm, "op_overhead_us": per_op, "layer_op_us": layer_op_us(),
-            "work_s": _best(_work, repeat=5, number=2)}
+            "work_s": _slowest(1)}
 
 
 def layer_op_us() -> float:
@@ -145,15 +146,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     bw_t = _best(lambda: dist.all_reduce(big, group=pair), repeat=3, number=3)
     calls = runtime_calls(world)
     models = model_calls(world, rank) + pipeline_calls(world)
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(10):  # every rank at once, as a run's ranks compute
-        _work()
-    work = torch.tensor([(time.perf_counter() - t) / 10])
-    dist.all_reduce(work, op=dist.ReduceOp.MAX)
     if rank == 0:
         with open(out, "w") as f:
-            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, *models, float(work))))
+            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, *models)))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -381,11 +376,11 @@ def collectives(ranks: int = 2) -> dict:
         out = os.path.join(tmp, "gloo.txt")
         os.environ["OMP_NUM_THREADS"] = "1"
         mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
-        lat, bw_t, nbytes, tp, op, c10d, *models, work = (float(x) for x in open(out).read().split())
+        lat, bw_t, nbytes, tp, op, c10d, *models = (float(x) for x in open(out).read().split())
     bus = 2.0 * (PAIR - 1) / PAIR * nbytes / bw_t / 1e9  # an all-reduce within a pair
     return {"ranks": ranks, "group": PAIR, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
             "bare_dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6,
-            "model_ms": dict(zip(MODEL_TIMES, (x * 1e3 for x in models))), "work_s": work}
+            "model_ms": dict(zip(MODEL_TIMES, (x * 1e3 for x in models)))}
 
 
 MODEL_TIMES = ("plain", "plain_cp_tokens", "tp", "cp", "fsdp_gathers", "fsdp_synced", "adam", "adam_tp",
@@ -407,7 +402,11 @@ def derive(measured: dict) -> dict:
     # which came out below zero and stand at zero: the preset's record of what it measured.
     out["terms"] = {**MEASURED_FROM, **{k: tuple("gloo." + f for f in v) for k, v in DERIVED_FROM.items()}}
     out["floored"] = floored
-    out["host_cores"] = cores_worth(g["ranks"], measured["work_s"], g["work_s"], measured["cores_allowed"])
+    ranks = measured.get("ranks", g["ranks"])
+    out["host_cores"] = cores_worth(ranks, measured["work_s"], measured["work_together_s"], measured["cores_allowed"])
+    # the pair's own share, to take out of the figures timed in it (site_preset)
+    out["pair_cores"] = cores_worth(g["ranks"], measured["work_s"], measured.get("work_pair_s",
+                                    measured["work_together_s"]), measured["cores_allowed"])
     return out
 
 
@@ -431,45 +430,53 @@ def _work_together(barrier, queue) -> None:
     queue.put((time.perf_counter() - t) / 5)
 
 
+def _slowest(n: int) -> float:
+    """Seconds per _work of the slowest of `n` processes doing it at once (forked, one thread each,
+    as the runtime's ranks run): the probe's and cores_now()'s one measurement of the cores' worth."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_work_together, args=(barrier, queue)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    out = max(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    return out
+
+
 def cores_now(ranks: int) -> float:
     """The cores' worth `ranks` processes get on this host now, as the probe's `host_cores` is
     measured (cores_worth: _work in `ranks` processes at once against one alone, each timed the
     same way, one after the other), in a second or two: beside a run, what other load on a
     shared host leaves it (benchmarks/readme_cpu.py)."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-
-    def slowest(n: int) -> float:
-        barrier, queue = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_work_together, args=(barrier, queue)) for _ in range(n)]
-        for p in procs:
-            p.start()
-        out = max(queue.get(timeout=120) for _ in procs)
-        for p in procs:
-            p.join(timeout=30)
-        return out
-
-    alone, together = slowest(1), slowest(ranks)
+    alone, together = _slowest(1), _slowest(ranks)
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return cores_worth(ranks, alone, together, allowed)
 
 
 def probe(ranks: int = 2) -> dict:
-    """One probe's raw figures (derive() turns them into the preset's)."""
+    """One probe's raw figures (derive() turns them into the preset's): every call, latency and the
+    runtime's model over one pair of processes (collectives(PAIR): no more processes than it needs,
+    so each term is what it costs, not what sharing the cores adds), and the cores' worth the
+    `ranks` processes of a run get at once (how they share the host: measured, not assumed)."""
     out = local_components()
-    out["gloo"] = collectives(ranks)
+    out["ranks"] = ranks
+    out["gloo"] = collectives(PAIR)
     # Twice more, seconds apart, the least disturbed kept: on a shared host the other load changes
     # from second to second, and a run's fastest steps see its quiet moments.
     for _ in range(2):
         out["layer_op_us"] = min(out["layer_op_us"], layer_op_us())
-        out["work_s"] = min(out["work_s"], _best(_work, repeat=5, number=2))
+        out["work_s"] = min(out["work_s"], _slowest(1))
+        out["work_together_s"] = min(out.get("work_together_s", float("inf")), _slowest(ranks))
+        out["work_pair_s"] = min(out.get("work_pair_s", float("inf")), _slowest(PAIR))
         time.sleep(1.0)
     out["cores_allowed"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return out
 
 
-RATES = ("gemm_tflops", "hbm_gbps", "bus_gbps", "cores_allowed", "ranks")  # higher: quieter
+RATES = ("gemm_tflops", "hbm_gbps", "bus_gbps", "cores_allowed", "ranks", "group")  # higher: quieter
 
 
 def quietest(results: list[dict]) -> dict:
@@ -493,9 +500,10 @@ def site_preset(measured: dict, base: dict) -> dict:
     Every key the probe fills comes from the measured figures (KeyError naming the figure when
     one is missing), never from a default."""
     g = measured["gloo"]
-    # The calls were timed with the probe's ranks sharing the cores they got; the preset holds
-    # them per uncontended core (the cost model scales them by each layout's own core share).
-    shared = max(1.0, g["ranks"] / measured["host_cores"]) if measured["host_cores"] else 1.0
+    # The calls were timed with the pair sharing the cores it got; the preset holds them per
+    # uncontended core (the cost model scales them by each layout's own core share, host_cores).
+    pair = measured.get("pair_cores", measured["host_cores"])
+    shared = max(1.0, g["ranks"] / pair) if pair else 1.0
     hw = dict(base)
     hw.update(name="site", peak_tflops=round(max(measured["gemm_tflops"].values()), 6), gemm_efficiency=1.0,
               hbm_gbps=round(measured["hbm_gbps"], 3), intra_node_gbps=round(g["bus_gbps"], 3),

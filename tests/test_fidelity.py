@@ -418,7 +418,7 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
             holder[last] = {k: v * 1.5 for k, v in value.items()} if isinstance(value, dict) else value * 1.5
             moved.append(site_preset(derive(again), base)[key] != hw[key])
         assert any(moved), (key, sources)
-    shared = max(1.0, raw["gloo"]["ranks"] / hw["host_cores"])
+    shared = max(1.0, raw["gloo"]["ranks"] / raw["pair_cores"])  # the pair's share of the cores taken out
     for key in CALL_KEYS:  # the preset's call costs are the derived ones (per uncontended core)
         assert key not in record["floored"] or hw[key] == 0, key
         assert hw[key] == round(raw["gloo"][key] / shared, 2), key
@@ -437,9 +437,9 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
 # A probe's raw figures (orchestrator/probe.py: probe(), as quietest() keeps them), given rather than
 # timed: what derive() and site_preset() turn into the preset's terms.
 PROBE_RAW = {"gemm_tflops": {64: 0.02, 512: 0.08}, "hbm_gbps": 9.0, "op_overhead_us": 4.0, "work_s": 0.01,
-             "cores_allowed": 2, "layer_op_us": 40.0,
+             "work_together_s": 0.0125, "work_pair_s": 0.0125, "ranks": 2, "cores_allowed": 2, "layer_op_us": 40.0,
              "gloo": {"ranks": 2, "group": 2, "latency_us": 150.0, "bus_gbps": 0.8, "tp_call_us": 1000.0,
-                      "bare_dtensor_op_us": 7.0, "c10d_call_us": 500.0, "work_s": 0.0125,
+                      "bare_dtensor_op_us": 7.0, "c10d_call_us": 500.0,
                       "model_ms": {"plain": 10.0, "plain_cp_tokens": 6.0, "tp": 200.0, "cp": 40.0,
                                    "fsdp_gathers": 60.0, "fsdp_synced": 80.0, "adam": 1.0, "adam_tp": 40.0,
                                    "pipelined_step": 150.0, "slowest_stage": 5.0}}}

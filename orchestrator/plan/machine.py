@@ -136,14 +136,15 @@ class Measurement:
                 f"this machine is unmeasured: the stock preset's one efficiency is fitted to `make demo`'s layout "
                 f"(TP2 PP2 DP2, 8 processes) on a 2-core host; measure it once with `{PROBE_HOW}`"]}
         rec = self.record
-        probed = int((rec.get("raw") or {}).get("gloo", {}).get("ranks") or 0)
-        group = int((rec.get("raw") or {}).get("gloo", {}).get("group") or PROBE_GROUP)
+        raw = rec.get("raw") or {}
+        probed = int(raw.get("ranks") or raw.get("gloo", {}).get("ranks") or 0)  # processes sharing the cores
+        group = int(raw.get("gloo", {}).get("group") or PROBE_GROUP)
         why = []
         if layout is not None:
             world = layout.world
             if probed and world > probed:
                 why.append(f"{world} processes, more than the {probed} the probe ran at once: how they share "
-                           f"the cores is assumed (evenly), not measured; `{PROBE_HOW} --ranks {min(world, 8)}` "
+                           f"the cores is assumed, not measured; `{PROBE_HOW} --ranks {min(world, 8)}` "
                            f"measures {min(world, 8)}")
             fsdp = layout.dp_shard * layout.cp
             for name, size in (("TP", layout.tp), ("CP", layout.cp), ("FSDP2", fsdp if fsdp > 1 else 1)):
