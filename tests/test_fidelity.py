@@ -448,8 +448,11 @@ PROBE_RAW = {"gemm_tflops": {64: 0.02, 512: 0.08}, "hbm_gbps": 9.0, "op_overhead
 def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_none(tmp_path, monkeypatch):
     """Without a cached probe a hardware=cpu plan says its step is no prediction for this machine
     and how to measure it; with one (written as `orchestrate-calibrate --probe` writes it), the
-    plan takes each measured key the user left as shipped, and a key given on the command line
-    wins. GPU presets are untouched either way."""
+    plan takes each measured key the user left as shipped, marks where each came from (a key given
+    on the command line wins and is marked the user's), and says plainly, in plan.json, its
+    warning, plan.md and the run's step line, when its step is not a prediction for the layout:
+    a part the probe did not measure (more processes than it ran, a group wider than its pairs,
+    experts, copies committing across the coordinator). GPU presets are untouched either way."""
     import json
 
     from orchestrator.config.compose import compose, to_dict
