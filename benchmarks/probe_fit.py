@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--runs", type=int, default=2, help="runs of each layout (the fastest step of all counts)")
     ap.add_argument("--repeat", type=int, default=3, help="probes (each figure the quietest of them)")
-    ap.add_argument("--ranks", type=int, default=2, help="processes for the gloo probe")
+    ap.add_argument("--ranks", type=int, default=2, help="processes whose share of the cores the probe measures")
     args = ap.parse_args()
     from omegaconf import OmegaConf
 
@@ -65,7 +65,7 @@ def main() -> None:
                     str(args.repeat), "--write", str(out)], cwd=ROOT, check=True, capture_output=True)
     hw = OmegaConf.to_container(OmegaConf.load(out))
     site = probe_overrides(hw, base)
-    print(f"site preset ({hw['host_cores']:g} cores' worth for 2 ranks): " + " ".join(site))
+    print(f"site preset ({hw['host_cores']:g} cores' worth for {args.ranks} ranks): " + " ".join(site))
     ratios: dict[str, float] = {}
     print(f"\n{'layout':<9} {'predicted':>10} {'measured':>10} {'meas/pred':>9} {'median':>8} {'stock':>8} "
           f"  predicted parts | measured parts of the profiled step (s)")

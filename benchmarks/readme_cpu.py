@@ -6,15 +6,29 @@ Each example runs its layout (the README's overrides without the fault injection
 launcher=local, `--runs` times, one at a time; the measurement is the median step after the
 warm-up of each run, and the lowest of those medians (other load on a shared host comes and
 goes). The probe is taken from the cache the environment names (ORCHESTRATOR_CACHE_DIR); the
-stock prediction is planned in an empty cache. Prints per example: predicted (stock, measured
-model), measured, measured/predicted, and how many land within 20%.
+stock prediction is planned in an empty cache.
+
+Beside each run the cores' worth its processes get is measured as the probe measures it
+(probe.cores_now, before and after the run, the mean kept): on a shared host other load takes
+a share the cached probe never saw, so the measured model is also planned at the load measured
+beside the run (`hardware.host_cores=`: a measurement of the host, nothing fitted on the run).
+
+A plan says whether its step is a prediction for the layout on this machine (plan.json's
+`prediction`: the probe measured every part of it) or plainly not (what the probe did not
+measure: more processes than it ran, a group wider than its pairs, experts, copies that commit
+across the coordinator); those examples are counted apart, not in the within-20% tally.
+
+Prints per example: predicted (stock, measured model, measured model at the load measured beside
+the run), measured, measured / predicted, cores' worth, and whether the plan calls it a prediction.
 
 Run: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/python benchmarks/readme_cpu.py [--steps 12] [--runs 2] [--only NAME]
-(first: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/orchestrate-calibrate --probe)
+(first: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/orchestrate-calibrate --probe --ranks 8: the README's
+examples run 4 and 8 processes; a probe of fewer leaves their time-sharing unmeasured)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -40,13 +54,24 @@ EXAMPLES = {  # README section -> its layout's overrides
 }
 
 
-def predicted(overrides: list[str], cache: str) -> float:
+def predicted(overrides: list[str], cache: str) -> tuple[float, dict]:
+    """The plan's wall-clock step and its `prediction` (plan/machine.py) in the cache named."""
     env = dict(os.environ, ORCHESTRATOR_CACHE_DIR=cache)
-    code = ("import sys; from orchestrator import compose, make_plan; "
-            "print(make_plan(compose(sys.argv[1:])).step.wall_s)")
+    code = ("import sys, json; from orchestrator import compose, make_plan; "
+            "p = make_plan(compose(sys.argv[1:])); print(json.dumps([p.step.wall_s, p.prediction]))")
     r = subprocess.run([sys.executable, "-c", code, *overrides], cwd=ROOT, env=env, capture_output=True, text=True,
                        check=True)
-    return float(r.stdout.strip().splitlines()[-1])
+    wall, prediction = json.loads(r.stdout.strip().splitlines()[-1])
+    return float(wall), prediction or {}
+
+
+def world_of(overrides: list[str]) -> int:
+    kv = dict(o.split("=", 1) for o in overrides if "=" in o)
+    return int(kv.get("cluster.nodes", 1)) * int(kv.get("hardware.gpus_per_node", 1))
+
+
+def within(ratio: float) -> bool:
+    return 0.8 <= ratio <= 1.2
 
 
 def main() -> None:
@@ -56,41 +81,59 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="example names (default: all)")
     args = ap.parse_args()
     from orchestrator import rundir
+    from orchestrator.probe import cores_now
     from orchestrator.rundir import read_steps, timed
 
     cache = os.environ.get("ORCHESTRATOR_CACHE_DIR")
     empty = tempfile.mkdtemp(prefix="readme_cpu_nocache_")
     tmp = Path(tempfile.mkdtemp(prefix="readme_cpu_"))
     common = [f"training.steps={args.steps}", "figures=false"]
-    print(f"{'example':<22} {'stock':>8} {'measured-model':>14} {'measured':>9} {'meas/stock':>10} {'meas/model':>10}")
-    within = {"stock": 0, "model": 0}
-    n = 0
-    for name, lay in EXAMPLES.items():
+    print(f"{'example':<22} {'stock':>7} {'model':>7} {'@load':>7} {'measured':>9} {'/stock':>7} {'/model':>7} "
+          f"{'/@load':>7} {'cores':>5}  prediction?")
+    tally = {"stock": 0, "model": 0, "load": 0, "predicted": 0, "labelled": 0}
+    labelled = []
+    every = {"stock": 0, "model": 0, "load": 0}
+    for n, (name, lay) in enumerate(EXAMPLES.items()):
         if args.only and name not in args.only:
             continue
         over = CPU + lay + common
-        stock = predicted(over, empty)
-        model = predicted(over, cache) if cache else float("nan")
-        medians = []
+        stock, _ = predicted(over, empty)
+        model, prediction = predicted(over, cache) if cache else (float("nan"), {})
+        runs = []
         for k in range(args.runs):
             run = tmp / f"{name.split()[0]}-{n}-{k}"
             env = dict(os.environ, ORCHESTRATOR_CACHE_DIR=cache or empty)
+            before = cores_now(world_of(over))
             r = subprocess.run([sys.executable, "-m", "orchestrator", *over, "launcher=local", f"hydra.run.dir={run}"],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            cores = (before + cores_now(world_of(over))) / 2
             got = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
             if got:
-                medians.append(rundir.measured_step_s(got))
+                runs.append((rundir.measured_step_s(got), cores))
             else:
                 print(f"  {name}: run {k} failed: {r.stderr[-300:]}")
-        n += 1
-        if not medians:
+        if not runs:
             continue
-        meas = min(medians)
-        within["stock"] += 0.8 <= meas / stock <= 1.2
-        within["model"] += 0.8 <= meas / model <= 1.2
-        print(f"{name:<22} {stock:8.3f} {model:14.3f} {meas:9.3f} {meas / stock:10.2f} {meas / model:10.2f}   "
-              f"(medians {', '.join(f'{m:.3f}' for m in medians)})", flush=True)
-    print(f"\nwithin 20%: stock preset {within['stock']} of {n}, measured model {within['model']} of {n}")
+        meas, cores = min(runs)
+        at_load, _ = predicted(over + [f"hardware.host_cores={cores:.2f}"], cache) if cache else (float("nan"), {})
+        is_prediction = bool(prediction.get("is_prediction"))
+        tally["predicted" if is_prediction else "labelled"] += 1
+        for key, pred in (("stock", stock), ("model", model), ("load", at_load)):
+            every[key] += within(meas / pred)
+            tally[key] += is_prediction and within(meas / pred)
+        if not is_prediction:
+            labelled.append((name, prediction.get("not_measured") or ["no probe"]))
+        print(f"{name:<22} {stock:7.3f} {model:7.3f} {at_load:7.3f} {meas:9.3f} {meas / stock:7.2f} "
+              f"{meas / model:7.2f} {meas / at_load:7.2f} {cores:5.2f}  {'yes' if is_prediction else 'NO (labelled)'}"
+              f"   (medians {', '.join(f'{m:.3f} at {c:.2f} cores' for m, c in runs)})", flush=True)
+    p = tally["predicted"]
+    print(f"\nof the {p} examples the plan calls a prediction, within 20%: stock preset {tally['stock']}, measured "
+          f"model {tally['model']}, measured model at the load measured beside the run {tally['load']}")
+    print(f"of all {p + tally['labelled']} examples, within 20%: stock preset {every['stock']}, measured model "
+          f"{every['model']}, at the load measured beside the run {every['load']}")
+    print(f"labelled not a prediction for their layout (counted apart): {tally['labelled']}")
+    for name, why in labelled:
+        print(f"  {name}: " + "; ".join(why))
 
 
 if __name__ == "__main__":

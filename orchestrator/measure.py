@@ -4,9 +4,10 @@
     orchestrate-calibrate --probe [--ranks N] [--repeat K] [--write PATH]
 
 `--probe` measures this machine's components instead (orchestrator/probe.py: GEMM rate,
-memory bandwidth, per-op overhead, gloo latency and bandwidth between N local processes,
+memory bandwidth, per-op overhead, gloo latency and bandwidth within a pair of processes,
 each collective call's host time as the runtime issues it, the runtime's own model under each
-parallelism, the cores' worth they get; K probes, each figure the quietest of them) and writes a
+parallelism, and the cores' worth N processes get at once; K probes, each figure the quietest of
+them) and writes a
 site preset built on `hardware=cpu` with them, by
 default to outputs/probe/hardware-site.yaml under the working directory; its overrides are
 printed as one line too, so it can be used without copying it into conf/hardware/. The
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", type=Path, help="write the refit hardware preset here "
                                                "(default: RUN_DIR/hardware-NAME-calibrated.yaml of the first run)")
     ap.add_argument("--probe", action="store_true", help="measure this machine's components, write a site preset")
-    ap.add_argument("--ranks", type=int, default=2, help="local processes for the gloo probe (2, 4, 6 or 8)")
+    ap.add_argument("--ranks", type=int, default=2, help="processes whose share of the cores is measured "
+                                                         "(2, 4, 6 or 8: as many as your runs start)")
     ap.add_argument("--repeat", type=int, default=3, help="probes, seconds apart; each figure the quietest of them")
     args = ap.parse_args(argv)
     if args.probe:
@@ -163,8 +165,8 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
     from orchestrator.probe import derive, probe, quietest, site_preset
 
     if not (2 <= ranks <= 8 and ranks % 2 == 0):
-        print(f"error: --ranks {ranks}: the gloo probe runs 2, 4, 6 or 8 local processes (the model is measured "
-              f"under TP and CP over pairs of them). Fix: --ranks 2", file=sys.stderr)
+        print(f"error: --ranks {ranks}: the probe measures how 2, 4, 6 or 8 local processes share the cores (its "
+              f"calls are timed over pairs). Fix: --ranks 2", file=sys.stderr)
         return 2
     if not 1 <= repeat <= 20:
         print(f"error: --repeat {repeat}: the probe runs 1 to 20 times. Fix: --repeat 3", file=sys.stderr)
@@ -179,7 +181,7 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
           f"{measured['hbm_gbps']:.1f} GB/s; {measured['op_overhead_us']:.1f} us per bare op, "
           f"{measured['layer_op_us']:.1f} us per kernel of "
           f"the runtime's block (fwd+bwd); gloo "
-          f"all-reduce over {g['ranks']} processes {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
+          f"all-reduce within a pair {g['latency_us']:.0f} us, {g['bus_gbps']:.2f} GB/s bus; "
           f"per call as the runtime issues it: DTensor redistribute {g['tp_call_us']:.0f} us, "
           f"+{g['dtensor_op_us']:.1f} us per DTensor op in the model ({g['bare_dtensor_op_us']:.1f} us bare), "
           f"c10d {g['c10d_call_us']:.0f} us, CP's {g['cp_call_us']:.0f} us, FSDP2 unit "
@@ -187,7 +189,8 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
           f"AdamW {g['optimizer_us']:.0f} us per parameter tensor, +{g['dtensor_optimizer_us']:.0f} us as a DTensor; "
           f"the pipelining schedule {g['pp_microbatch_us']:.0f} us per micro-batch; "
           f"the runtime's model (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in g["model_ms"].items()) + "; "
-          f"{measured['host_cores']:g} cores' worth for the ranks ({measured['cores_allowed']} allowed)")
+          f"{measured['host_cores']:g} cores' worth for {measured.get('ranks', g['ranks'])} processes at once "
+          f"({measured['cores_allowed']} allowed)")
     out = write or Path("outputs") / "probe" / "hardware-site.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Measured by orchestrate-calibrate --probe on {time.strftime('%Y-%m-%d %H:%M')} "

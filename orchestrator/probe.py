@@ -12,10 +12,11 @@ collective model need, on this machine, in processes set up as the runtime's ran
   the runtime's own transformer block (model=tiny) forward and backward over the kernels the
   shape model counts for it -> `launch_overhead_us` (module calls, autograd and Python
   between ops, which decide a tiny model's step);
-- gloo all-reduce between `ranks` local processes: 8 bytes (latency -> the tiers' latency)
-  and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s);
-- each collective call as the runtime issues it, between pieces of work, at the tiny model's
-  sizes (runtime_calls: a DTensor redistribute, a plain c10d call) -> `tp_call_us`,
+- gloo all-reduce within pairs of the `ranks` local processes, every pair at once: 8 bytes
+  (latency -> the tiers' latency) and 4 MB (bus bandwidth 2 (n-1)/n bytes / time -> the tiers' GB/s);
+- each collective call as the runtime issues it, over pairs of ranks, every pair at once,
+  between pieces of work, at the tiny model's sizes (runtime_calls: a DTensor redistribute,
+  a plain c10d call) -> `tp_call_us`,
   `c10d_call_us` (plan/overheads.py counts the calls per layout);
 - the runtime's own model (model=tiny: its blocks, embedding, head and loss, one micro-batch
   forward and backward with the loss read as the trainer reads it) in every rank at once, plain,
@@ -29,7 +30,8 @@ collective model need, on this machine, in processes set up as the runtime's ran
   (`pp_microbatch_us`) and the optimizer's per parameter tensor (`optimizer_us`,
   `dtensor_optimizer_us`);
 - the cores' worth the ranks get (`host_cores`): the same work in `ranks` processes at once
-  against one alone, so other load on a shared host counts (ranks beyond it share the time).
+  against one process alone, each timed the same way (_slowest; cores_now() measures it beside
+  a run), so other load on a shared host counts (ranks beyond it share the time).
 
 torch is imported here only: `import orchestrator` and the planner stay torch-free.
 """
@@ -38,19 +40,20 @@ from __future__ import annotations
 import os
 import socket
 import time
+from functools import lru_cache
 
 
-from orchestrator.plan.machine import CALL_KEYS
+from orchestrator.plan.machine import CALL_KEYS, PROBE_GROUP
 # The preset keys the probe measures directly and the raw figures each is (derive()'s `terms`
 # adds the derived call costs, DERIVED_FROM; tp_call_us and c10d_call_us are timed as they are).
 MEASURED_FROM = {
     "peak_tflops": ("gemm_tflops",), "hbm_gbps": ("hbm_gbps",), "launch_overhead_us": ("layer_op_us",),
     "intra_node_gbps": ("gloo.bus_gbps",), "inter_node_gbps": ("gloo.bus_gbps",),
     "intra_node_latency_us": ("gloo.latency_us",), "inter_node_latency_us": ("gloo.latency_us",),
-    "host_cores": ("work_s", "gloo.work_s", "cores_allowed"),
+    "host_cores": ("work_s", "work_together_s", "cores_allowed"),
     "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
 }
-PAIR = 2  # the runtime's model is measured under TP and CP over pairs of the probe's ranks
+PAIR = PROBE_GROUP  # every call and the runtime's model under TP, CP, FSDP2, PP: over pairs of the probe's ranks
 
 
 def tiny_spec(*overrides: str):
@@ -99,7 +102,7 @@ def local_components() -> dict:
 
     per_op = _best(ops, number=4) / 101 * 1e6  # 50 multiplies + the sum, forward and backward
     return {"gemm_tflops": gemm, "hbm_gbps": hbm, "op_overhead_us": per_op, "layer_op_us": layer_op_us(),
-            "work_s": _best(_work, repeat=5, number=2)}
+            "work_s": _slowest(1)}
 
 
 def layer_op_us() -> float:
@@ -131,23 +134,21 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # latency and bandwidth between the ranks of each pair, every pair at once (as the calls below)
+    pair = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"].get_group()
     small, big = torch.zeros(2), torch.zeros(1 << 20)
     for _ in range(10):
-        dist.all_reduce(small)
+        dist.all_reduce(small, group=pair)
     dist.barrier()
-    lat = _best(lambda: dist.all_reduce(small), repeat=5, number=40)
-    bw_t = _best(lambda: dist.all_reduce(big), repeat=3, number=3)
+    lat = _best(lambda: dist.all_reduce(small, group=pair), repeat=5, number=40)
+    bw_t = _best(lambda: dist.all_reduce(big, group=pair), repeat=3, number=3)
     calls = runtime_calls(world)
     models = model_calls(world, rank) + pipeline_calls(world)
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(10):  # every rank at once, as a run's ranks compute
-        _work()
-    work = torch.tensor([(time.perf_counter() - t) / 10])
-    dist.all_reduce(work, op=dist.ReduceOp.MAX)
     if rank == 0:
         with open(out, "w") as f:
-            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, *models, float(work))))
+            f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, *models)))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -166,7 +167,10 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    # over pairs of ranks, every pair at once (as the model is measured): the probe's `ranks` processes
+    # share the cores as a run's do, and each call spans the group the cost model prices it for
+    mesh = init_device_mesh("cpu", (world // PAIR, PAIR), mesh_dim_names=("pairs", "pair"))["pair"]
+    group = mesh.get_group()
     seq, h = 64, 64
     w0 = torch.randn(h, h)
 
@@ -181,7 +185,7 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
         """Seconds of one call issued between pieces of work, above the work alone."""
         return _best(lambda: (work(), fn()), repeat=5, number=20) - alone
 
-    part = DTensor.from_local(torch.randn(1, seq // world, h), mesh, [Shard(1)], run_check=False)
+    part = DTensor.from_local(torch.randn(1, seq // PAIR, h), mesh, [Shard(1)], run_check=False)
     partial = DTensor.from_local(torch.randn(1, seq, h), mesh, [Partial()], run_check=False)
     ag = call(lambda: part.redistribute(mesh, [Replicate()]).to_local().sum())
     rs = call(lambda: partial.redistribute(mesh, [Shard(1)]).to_local().sum())
@@ -189,9 +193,10 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
     da = DTensor.from_local(a, mesh, [Replicate()], run_check=False)
     dw = DTensor.from_local(w, mesh, [Shard(1)], run_check=False)
     op = _best(lambda: torch.mm(da, dw), repeat=5, number=50) - _best(lambda: torch.mm(a, w), repeat=5, number=50)
-    kv = torch.randn(1, seq // world, h)
-    outs = [torch.empty_like(kv) for _ in range(world)]
-    c10d = (call(lambda: dist.all_gather(outs, kv)) + call(lambda: dist.all_reduce(kv))) / 2
+    kv = torch.randn(1, seq // PAIR, h)
+    outs = [torch.empty_like(kv) for _ in range(PAIR)]
+    c10d = (call(lambda: dist.all_gather(outs, kv, group=group))
+            + call(lambda: dist.all_reduce(kv, group=group))) / 2
     return max((ag + rs) / 2, 0.0), max(op, 0.0), max(c10d, 0.0)
 
 
@@ -317,12 +322,10 @@ DERIVED_FROM = {
 }
 
 
-def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
-             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
-    """The per-op and per-call costs the model's measurements leave once the calls the cost model
-    counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
-    results in microseconds, as the preset holds them), and the terms whose measured difference
-    came out below zero (noise larger than the cost: zero in the preset, and named)."""
+@lru_cache(maxsize=1)
+def _tiny_counts() -> tuple[float, int, int, int]:
+    """What the cost model counts for the tiny model under TP over a pair (one stage): kernels per
+    micro-batch (plan/kernels.py), layers, redistributes (plan/overheads.py) and parameter tensors."""
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.overheads import parameter_tensors
     from orchestrator.plan.plan import shape_plan
@@ -333,8 +336,17 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
     st = shaped.stages[0]
     kernels = stage_features(st, shaped.mm, shape_of(shaped.layout, spec.training, spec.hardware, spec)).kernels * 1e6
     n = len(st.layers)
-    redistributes, loss = 8 * n + 2 * (st.embeds + st.outputs), 4  # as overheads.host_calls counts them
-    params = parameter_tensors(st, shaped.mm)
+    return kernels, n, 8 * n + 2 * (st.embeds + st.outputs), parameter_tensors(st, shaped.mm)
+
+
+def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
+             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
+    """The per-op and per-call costs the model's measurements leave once the calls the cost model
+    counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
+    results in microseconds, as the preset holds them), and the terms whose measured difference
+    came out below zero (noise larger than the cost: zero in the preset, and named)."""
+    kernels, n, redistributes, params = _tiny_counts()
+    loss = 4  # as overheads.host_calls counts them
     # (difference, per what): each cost is the model's time less what is counted, per op, call,
     # unit, tensor or micro-batch
     raw = {
@@ -364,11 +376,11 @@ def collectives(ranks: int = 2) -> dict:
         out = os.path.join(tmp, "gloo.txt")
         os.environ["OMP_NUM_THREADS"] = "1"
         mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
-        lat, bw_t, nbytes, tp, op, c10d, *models, work = (float(x) for x in open(out).read().split())
-    bus = 2.0 * (ranks - 1) / ranks * nbytes / bw_t / 1e9
-    return {"ranks": ranks, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
+        lat, bw_t, nbytes, tp, op, c10d, *models = (float(x) for x in open(out).read().split())
+    bus = 2.0 * (PAIR - 1) / PAIR * nbytes / bw_t / 1e9  # an all-reduce within a pair
+    return {"ranks": ranks, "group": PAIR, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
             "bare_dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6,
-            "model_ms": dict(zip(MODEL_TIMES, (x * 1e3 for x in models))), "work_s": work}
+            "model_ms": dict(zip(MODEL_TIMES, (x * 1e3 for x in models)))}
 
 
 MODEL_TIMES = ("plain", "plain_cp_tokens", "tp", "cp", "fsdp_gathers", "fsdp_synced", "adam", "adam_tp",
@@ -390,30 +402,81 @@ def derive(measured: dict) -> dict:
     # which came out below zero and stand at zero: the preset's record of what it measured.
     out["terms"] = {**MEASURED_FROM, **{k: tuple("gloo." + f for f in v) for k, v in DERIVED_FROM.items()}}
     out["floored"] = floored
-    ranks, allowed = g["ranks"], measured["cores_allowed"]
-    # The cores the ranks really get: the same work in `ranks` processes at once against one alone
-    # (other load on the host takes its share; ranks beyond these share their time).
-    got = ranks * measured["work_s"] / g["work_s"]
-    # (at least one: the single-process figures above already carry the load one process sees)
-    out["host_cores"] = round(min(float(allowed), max(got, 1.0)), 2) if got < ranks * 0.95 else float(allowed)
+    ranks = measured.get("ranks", g["ranks"])
+    out["host_cores"] = cores_worth(ranks, measured["work_s"], measured["work_together_s"], measured["cores_allowed"])
+    # the pair's own share, to take out of the figures timed in it (site_preset)
+    out["pair_cores"] = cores_worth(g["ranks"], measured["work_s"], measured.get("work_pair_s",
+                                    measured["work_together_s"]), measured["cores_allowed"])
     return out
 
 
+def cores_worth(ranks: int, alone_s: float, together_s: float, allowed: int) -> float:
+    """The cores the ranks really get: the same work in `ranks` processes at once (`together_s`, the
+    slowest) against one alone (other load on the host takes its share; ranks beyond these share
+    their time); at least one (the single-process figures already carry the load one process sees)."""
+    got = ranks * alone_s / together_s
+    return round(min(float(allowed), max(got, 1.0)), 2) if got < ranks * 0.95 else float(allowed)
+
+
+def _work_together(barrier, queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
+    _work()
+    barrier.wait()
+    t = time.perf_counter()
+    for _ in range(5):
+        _work()
+    queue.put((time.perf_counter() - t) / 5)
+
+
+def _slowest(n: int) -> float:
+    """Seconds per _work of the slowest of `n` processes doing it at once (forked, one thread each,
+    as the runtime's ranks run): the probe's and cores_now()'s one measurement of the cores' worth."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_work_together, args=(barrier, queue)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    out = max(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    return out
+
+
+def cores_now(ranks: int) -> float:
+    """The cores' worth `ranks` processes get on this host now, as the probe's `host_cores` is
+    measured (cores_worth: _work in `ranks` processes at once against one alone, each timed the
+    same way, one after the other), in a second or two: beside a run, what other load on a
+    shared host leaves it (benchmarks/readme_cpu.py)."""
+    alone, together = _slowest(1), _slowest(ranks)
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores_worth(ranks, alone, together, allowed)
+
+
 def probe(ranks: int = 2) -> dict:
-    """One probe's raw figures (derive() turns them into the preset's)."""
+    """One probe's raw figures (derive() turns them into the preset's): every call, latency and the
+    runtime's model over one pair of processes (collectives(PAIR): no more processes than it needs,
+    so each term is what it costs, not what sharing the cores adds), and the cores' worth the
+    `ranks` processes of a run get at once (how they share the host: measured, not assumed)."""
     out = local_components()
-    out["gloo"] = collectives(ranks)
+    out["ranks"] = ranks
+    out["gloo"] = collectives(PAIR)
     # Twice more, seconds apart, the least disturbed kept: on a shared host the other load changes
     # from second to second, and a run's fastest steps see its quiet moments.
     for _ in range(2):
         out["layer_op_us"] = min(out["layer_op_us"], layer_op_us())
-        out["work_s"] = min(out["work_s"], _best(_work, repeat=5, number=2))
+        out["work_s"] = min(out["work_s"], _slowest(1))
+        out["work_together_s"] = min(out.get("work_together_s", float("inf")), _slowest(ranks))
+        out["work_pair_s"] = min(out.get("work_pair_s", float("inf")), _slowest(PAIR))
         time.sleep(1.0)
     out["cores_allowed"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return out
 
 
-RATES = ("gemm_tflops", "hbm_gbps", "bus_gbps", "cores_allowed", "ranks")  # higher: quieter
+RATES = ("gemm_tflops", "hbm_gbps", "bus_gbps", "cores_allowed", "ranks", "group")  # higher: quieter
 
 
 def quietest(results: list[dict]) -> dict:
@@ -437,9 +500,10 @@ def site_preset(measured: dict, base: dict) -> dict:
     Every key the probe fills comes from the measured figures (KeyError naming the figure when
     one is missing), never from a default."""
     g = measured["gloo"]
-    # The calls were timed with the probe's ranks sharing the cores they got; the preset holds
-    # them per uncontended core (the cost model scales them by each layout's own core share).
-    shared = max(1.0, g["ranks"] / measured["host_cores"]) if measured["host_cores"] else 1.0
+    # The calls were timed with the pair sharing the cores it got; the preset holds them per
+    # uncontended core (the cost model scales them by each layout's own core share, host_cores).
+    pair = measured.get("pair_cores", measured["host_cores"])
+    shared = max(1.0, g["ranks"] / pair) if pair else 1.0
     hw = dict(base)
     hw.update(name="site", peak_tflops=round(max(measured["gemm_tflops"].values()), 6), gemm_efficiency=1.0,
               hbm_gbps=round(measured["hbm_gbps"], 3), intra_node_gbps=round(g["bus_gbps"], 3),

@@ -412,7 +412,29 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
             values = figure(name).values() if isinstance(figure(name), dict) else [figure(name)]
             # a figure the probe recorded (how large a timing is, is the benchmark's to print: probe_fit.py)
             assert values and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values), (key, name)
-    shared = max(1.0, raw["gloo"]["ranks"] / hw["host_cores"])
+    # each measured term came from its measurement: derive() and site_preset() on the record's raw
+    # figures give the preset back, and moving any term's figures moves the term (a default would
+    # stay), except a term measured below the noise, which stands at zero and is named
+    from orchestrator.probe import derive, site_preset
+
+    base = to_dict(compose(["hardware=cpu"]))["hardware"]
+    assert site_preset(derive(raw), base) == hw
+    for key, sources in terms.items():
+        if key in record["floored"]:
+            assert hw[key] == 0, key
+            continue
+        moved = []
+        for name in sources:
+            again = json.loads(json.dumps(raw))
+            *path, last = name.split(".")
+            holder = again
+            for part in path:
+                holder = holder[part]
+            value = holder[last]
+            holder[last] = {k: v * 1.5 for k, v in value.items()} if isinstance(value, dict) else value * 1.5
+            moved.append(site_preset(derive(again), base)[key] != hw[key])
+        assert any(moved), (key, sources)
+    shared = max(1.0, raw["gloo"]["ranks"] / raw["pair_cores"])  # the pair's share of the cores taken out
     for key in CALL_KEYS:  # the preset's call costs are the derived ones (per uncontended core)
         assert key not in record["floored"] or hw[key] == 0, key
         assert hw[key] == round(raw["gloo"][key] / shared, 2), key
@@ -428,13 +450,31 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
     assert cached.step.wall_s == pytest.approx(plan_of(*site, *tiny, "layout.tp=2").step.wall_s)
 
 
+# A probe's raw figures (orchestrator/probe.py: probe(), as quietest() keeps them), given rather than
+# timed: what derive() and site_preset() turn into the preset's terms.
+PROBE_RAW = {"gemm_tflops": {64: 0.02, 512: 0.08}, "hbm_gbps": 9.0, "op_overhead_us": 4.0, "work_s": 0.01,
+             "work_together_s": 0.0125, "work_pair_s": 0.0125, "ranks": 2, "cores_allowed": 2, "layer_op_us": 40.0,
+             "gloo": {"ranks": 2, "group": 2, "latency_us": 150.0, "bus_gbps": 0.8, "tp_call_us": 1000.0,
+                      "bare_dtensor_op_us": 7.0, "c10d_call_us": 500.0,
+                      "model_ms": {"plain": 10.0, "plain_cp_tokens": 6.0, "tp": 200.0, "cp": 40.0,
+                                   "fsdp_gathers": 60.0, "fsdp_synced": 80.0, "adam": 1.0, "adam_tp": 40.0,
+                                   "pipelined_step": 150.0, "slowest_stage": 5.0}}}
+
+
 def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_none(tmp_path, monkeypatch):
     """Without a cached probe a hardware=cpu plan says its step is no prediction for this machine
     and how to measure it; with one (written as `orchestrate-calibrate --probe` writes it), the
-    plan takes each measured key the user left as shipped, and a key given on the command line
-    wins. GPU presets are untouched either way."""
+    plan takes each measured key the user left as shipped, marks where each came from (a key given
+    on the command line wins and is marked the user's), and says plainly, in plan.json, its
+    warning, plan.md and the run's step line, when its step is not a prediction for the layout:
+    a part the probe did not measure (more processes than it ran, a group wider than its pairs,
+    experts, copies committing across the coordinator). GPU presets are untouched either way."""
+    import json
+
     from orchestrator.config.compose import compose, to_dict
-    from orchestrator.plan.machine import CALL_KEYS, cache_path, write_cache
+    from orchestrator.plan.machine import MEASURED_KEYS, cache_path, write_cache
+    from orchestrator.probe import derive, site_preset
+    from orchestrator.report.markdown import render_table
 
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path))
     run = ["hardware=cpu", "model=tiny", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
@@ -444,22 +484,53 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     assert "not a prediction" in line and "orchestrate-calibrate --probe" in line and str(tmp_path) in line
     assert not [w for w in plan_of("hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=1").warnings
                 if "orchestrate-calibrate --probe" in w]
+    assert stock.prediction["basis"] == "stock preset" and not stock.prediction["is_prediction"]
     base = to_dict(compose(["hardware=cpu"]))["hardware"]
-    hw = dict(base, name="site", peak_tflops=0.04, gemm_efficiency=1.0, kernel_model="shape", launch_overhead_us=60.0,
-              host_cores=2.0, **{k: 100.0 for k in CALL_KEYS})
-    write_cache(hw, {"terms": {}, "floored": [], "gloo": {"ranks": 2}})
+    # the probe's record as orchestrate-calibrate --probe writes it (derive, site_preset), from given
+    # raw figures: 2 ranks, calls timed over pairs
+    measured = derive(PROBE_RAW)
+    floored = set(measured["floored"])
+    hw = site_preset(measured, base)
+    write_cache(hw, measured)
     assert cache_path().parent == tmp_path / "probe"
-    measured = plan_of(*run)
-    h = measured.spec.hardware
-    assert (h.name, h.kernel_model.value, h.launch_overhead_us, h.fsdp_gather_us) == ("cpu", "shape", 60.0, 100.0)
-    (line,) = [w for w in measured.warnings if w.startswith("hardware=cpu")]
+    probed = plan_of(*run)
+    h = probed.spec.hardware
+    assert (h.name, h.kernel_model.value) == ("cpu", "shape")
+    for key in MEASURED_KEYS:  # every measured key is the cache's, and marked as measured, not a default
+        value = getattr(h, key)
+        assert getattr(value, "value", value) == hw[key], key
+        assert probed.prediction["terms"][key] == ("the probe's model" if key in ("gemm_efficiency", "kernel_model")
+                                                   else "below the noise" if key in floored else "measured"), key
+    (line,) = [w for w in probed.warnings if w.startswith("hardware=cpu")]
     assert "measured model" in line and str(cache_path()) in line
+    # outside what the probe measured: 4 processes (it ran 2), two copies committing across the coordinator
+    assert not probed.prediction["is_prediction"] and "NOT a prediction for this layout" in line
     assert "4 processes, more than the 2 the probe ran" in line and "--ranks 4" in line  # time-sharing: assumed
-    (line,) = [w for w in plan_of(*run[:2], "cluster.nodes=1", "hardware.gpus_per_node=2").warnings
-               if w.startswith("hardware=cpu")]
-    assert "measured model" in line and "more than" not in line
-    assert measured.step.wall_s != stock.step.wall_s
-    assert plan_of(*run, "hardware.fsdp_gather_us=7").spec.hardware.fsdp_gather_us == 7.0  # the user's key wins
+    assert "2 copies of the model state" in line
+    assert "NOT a prediction for this layout" in render_table(probed)
+    assert probed.to_json()["prediction"] == probed.prediction
+    pair = ["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2"]
+    for lay in (["layout.tp=2"], ["layout.cp=2"], ["layout.dp=2"], ["layout.pp=2"]):  # what the probe ran
+        p = plan_of(*pair, *lay)
+        (line,) = [w for w in p.warnings if w.startswith("hardware=cpu")]
+        assert p.prediction["is_prediction"] and "measured model" in line and "NOT" not in line, lay
+    wide = ["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.dp=1"]
+    for lay, why in ((["layout.tp=4"], "TP over 4 ranks"), (["layout.dp=4", "layout.tp=1"], "FSDP2 over 4 ranks"),
+                     (["model=tiny_moe", "layout.ep=2", "layout.dp=2", "hardware.gpus_per_node=2"], "EP2")):
+        p = plan_of(*wide, *lay)
+        assert p.valid and not p.prediction["is_prediction"], lay
+        assert any(why in w for w in p.prediction["not_measured"]), (lay, p.prediction["not_measured"])
+    from orchestrator.rundir.plan import RunPlan
+    from orchestrator.train.logger import Logger
+
+    step_log = Logger(tmp_path, RunPlan.from_json(json.loads(json.dumps(probed.to_json()))))._not_predicted()
+    assert "not a prediction" in step_log  # the run's step line says so beside the plan's figure
+    assert Logger(tmp_path, RunPlan.from_json(json.loads(json.dumps(p.to_json()))))._not_predicted()
+    one = plan_of(*pair, "layout.tp=2")
+    assert Logger(tmp_path, RunPlan.from_json(json.loads(json.dumps(one.to_json()))))._not_predicted() == ""
+    assert probed.step.wall_s != stock.step.wall_s
+    mine = plan_of(*run, "hardware.fsdp_gather_us=7")
+    assert mine.spec.hardware.fsdp_gather_us == 7.0 and mine.prediction["terms"]["fsdp_gather_us"] == "yours"
 
 
 def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():
@@ -472,9 +543,11 @@ def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():
     from orchestrator.plan.plan import shape_plan
     from orchestrator.probe import MODEL_TIMES, PIPE_MICROBATCHES, derive
 
-    ms = dict(zip(MODEL_TIMES, (10.0, 6.0, 200.0, 40.0, 60.0, 80.0, 1.0, 40.0, 150.0, 5.0)))
-    raw = {"work_s": 0.01, "cores_allowed": 2, "layer_op_us": 40.0,
-           "gloo": {"ranks": 2, "tp_call_us": 1000.0, "c10d_call_us": 500.0, "model_ms": ms, "work_s": 0.0125}}
+    import copy
+
+    raw = copy.deepcopy(PROBE_RAW)
+    ms = raw["gloo"]["model_ms"]
+    assert list(ms) == list(MODEL_TIMES)
     g = derive(raw)["gloo"]
     spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2",
                           "hardware.kernel_model=shape"]))

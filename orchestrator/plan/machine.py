@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 # the per-call host costs the probe measures (hardware.*_us; plan/overheads.py counts the calls)
@@ -112,11 +113,80 @@ def stock_cpu() -> dict:
     return {k: getattr(v, "value", v) for k, v in out.items()}
 
 
+# The probe times every collective call over groups of this many ranks (pairs; orchestrator/probe.py):
+# a TP, CP or FSDP2 group wider than this is priced at a pair's cost per call, not measured.
+PROBE_GROUP = 2
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a hardware=cpu plan on this machine predicts with: the cached probe's record (None:
+    this machine is unmeasured) and where each measured key's value came from."""
+
+    record: dict | None
+    sources: dict = field(default_factory=dict)  # preset key -> "measured" | "below the noise" | "yours"
+
+    def judge(self, layout) -> dict:
+        """plan.json's `prediction`: whether the plan's step is a prediction for this layout on this
+        machine (`is_prediction`), and if not, each reason (`not_measured`): an unmeasured machine,
+        or a part of this layout the probe did not measure (more processes than it ran, a group
+        wider than its pairs, experts)."""
+        if self.record is None:
+            return {"basis": "stock preset", "is_prediction": False, "not_measured": [
+                f"this machine is unmeasured: the stock preset's one efficiency is fitted to `make demo`'s layout "
+                f"(TP2 PP2 DP2, 8 processes) on a 2-core host; measure it once with `{PROBE_HOW}`"]}
+        rec = self.record
+        raw = rec.get("raw") or {}
+        probed = int(raw.get("ranks") or raw.get("gloo", {}).get("ranks") or 0)  # processes sharing the cores
+        group = int(raw.get("gloo", {}).get("group") or PROBE_GROUP)
+        why = []
+        if layout is not None:
+            world = layout.world
+            if probed and world > probed:
+                why.append(f"{world} processes, more than the {probed} the probe ran at once: how they share "
+                           f"the cores is assumed, not measured; `{PROBE_HOW} --ranks {min(world, 8)}` "
+                           f"measures {min(world, 8)}")
+            fsdp = layout.dp_shard * layout.cp
+            for name, size in (("TP", layout.tp), ("CP", layout.cp), ("FSDP2", fsdp if fsdp > 1 else 1)):
+                if size > group:
+                    why.append(f"{name} over {size} ranks: the probe timed its calls over groups of {group}")
+            if layout.dp_replicate > 1:
+                why.append(f"{layout.dp_replicate} copies of the model state, which commit each step across "
+                           f"copies (an all-reduce of the gradient shards, a round trip to the coordinator): "
+                           f"the probe measures neither")
+            if layout.ep > 1:
+                why.append(f"expert parallelism (EP{layout.ep}): the probe measures no MoE layer and no all-to-all")
+            if layout.chunks > 1:
+                why.append(f"{layout.chunks} model chunks per pipeline rank: the probe timed one")
+        return {"basis": "probe", "is_prediction": not why, "not_measured": why,
+                "cache": str(cache_path()), "measured_at": rec.get("measured_at"), "probe_ranks": probed,
+                "probe_group": group, "terms": dict(self.sources)}
+
+    def line(self, prediction: dict) -> str:
+        """The plan's one warning about it: which measurement it predicts with, or plainly that its
+        step is not a prediction for this layout (or machine) and why."""
+        if prediction["basis"] != "probe":
+            return (f"hardware=cpu: this machine is unmeasured, so the predicted step is not a prediction "
+                    f"for it: the stock preset's one efficiency is fitted to `make demo`'s layout (TP2 PP2 "
+                    f"DP2, 8 processes) on a 2-core host. Measure this machine once with `{PROBE_HOW}` "
+                    f"(about a minute; cached in {cache_dir() / 'probe'}, then used by every hardware=cpu plan "
+                    f"here).")
+        cores = self.record["hardware"].get("host_cores")
+        head = (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
+                f"{self.record.get('measured_at', '?')}, {cache_path()})"
+                + (f", which found {cores:g} cores' worth free for the ranks: other load on the host "
+                   f"changes the step" if cores else ""))
+        if prediction["not_measured"]:
+            return (head + "; but the predicted step is NOT a prediction for this layout, which the probe did "
+                           "not measure: " + "; ".join(prediction["not_measured"]))
+        return head + "; measure again after the machine, its load or torch changes"
+
+
 def on_this_machine(spec):
     """hardware=cpu with this machine's measured model where it has one (each measured key the user
-    left as shipped takes the measured value), and the one line the plan says about it: which
-    measurement it uses, or that its CPU figure is not a prediction for this machine and how to
-    measure it. Other hardware comes back as it is, with no line."""
+    left as shipped takes the measured value), and the Measurement it rests on (plan.json's
+    `prediction`, the plan's warning line: which measurement, or that its figure is not a prediction
+    for this machine or layout). Other hardware comes back as it is, with None."""
     import dataclasses
 
     from orchestrator.config.schema import KernelModel
@@ -126,26 +196,19 @@ def on_this_machine(spec):
         return spec, None
     record = cached()
     if record is None:
-        return spec, (f"hardware=cpu: this machine is unmeasured, so the predicted step is not a prediction "
-                      f"for it: the stock preset's one efficiency is fitted to `make demo`'s layout (TP2 PP2 "
-                      f"DP2, 8 processes) on a 2-core host. Measure this machine once with `{PROBE_HOW}` "
-                      f"(about a minute; cached in {cache_dir() / 'probe'}, then used by every hardware=cpu plan "
-                      f"here).")
+        return spec, Measurement(None)
     stock, got = stock_cpu(), record["hardware"]
-    changes = {}
+    floored = set(record.get("floored") or ())
+    changes, sources = {}, {}
     for key in MEASURED_KEYS:
         now = getattr(hw, key)
-        if key in got and getattr(now, "value", now) == stock.get(key):  # not overridden by the user
+        if key not in got:
+            continue
+        if getattr(now, "value", now) == stock.get(key):  # not overridden by the user
             changes[key] = KernelModel(got[key]) if key == "kernel_model" else got[key]
+            sources[key] = ("below the noise" if key in floored else
+                            "measured" if key in (record.get("terms") or {}) else "the probe's model")
+        else:
+            sources[key] = "yours"
     spec = dataclasses.replace(spec, hardware=dataclasses.replace(hw, **changes))
-    cores = got.get("host_cores")
-    probed = (record.get("raw") or {}).get("gloo", {}).get("ranks")
-    world = spec.cluster.nodes * hw.gpus_per_node
-    more = (f"; this layout runs {world} processes, more than the {probed} the probe ran at once: how they "
-            f"share the cores is assumed (evenly), not measured ({PROBE_HOW} --ranks {min(world, 8)} measures "
-            f"{min(world, 8)})" if probed and world > probed else "")
-    return spec, (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
-                  f"{record.get('measured_at', '?')}, {cache_path()})"
-                  + (f", which found {cores:g} cores' worth free for the ranks: other load on the host "
-                     f"changes the step" if cores else "")
-                  + more + "; measure again after the machine, its load or torch changes")
+    return spec, Measurement(record, sources)

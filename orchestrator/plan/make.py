@@ -26,13 +26,14 @@ def make_plan(cfg: Any) -> Plan:
         spec = typed(cfg)
     except ConfigError as e:
         return Plan(valid=False, errors=e.problems, warnings=[], world_size=0, spec=None)
-    spec, machine = on_this_machine(spec)  # hardware=cpu: this machine's measured model, or says it has none
+    spec, machine = on_this_machine(spec)  # hardware=cpu: this machine's measured model, or None
     problems = check_values(spec)
     if problems:  # nothing below may run on numbers outside their physical range
         return Plan(valid=False, errors=problems, warnings=[], world_size=0, spec=spec)
     plan = search(spec) if spec.layout.search else plan_spec(spec)
-    if machine:
-        plan.warnings.append(machine)
+    if machine is not None:  # whether its step is a prediction for this layout here, and why not
+        plan.prediction = machine.judge(plan.layout)
+        plan.warnings.append(machine.line(plan.prediction))
     if plan.valid:
         attach(plan)  # cluster.topology / cluster.nodelist: the plan on those hosts
     if plan.layout is not None and spec.launcher.name != LauncherName.dry:

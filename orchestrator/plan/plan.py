@@ -50,6 +50,9 @@ class Plan:
     # 80% interval of the MFU from leave-one-source-family-out residuals (plan/uncertainty.py)
     mfu_interval: list[float] | None = None
     mfu_interval_basis: str | None = None
+    # hardware=cpu (plan/machine.py): what the step is predicted with on this machine, and whether it
+    # is a prediction for this layout (`is_prediction`; if not, `not_measured` says why)
+    prediction: dict | None = None
 
     def grid(self) -> RankGrid:
         """The dense rank grid (tp, cp, dp, pp): every group of attention, dense MLPs and FSDP."""
@@ -95,6 +98,8 @@ class Plan:
             out["blast_radius"] = self.blast_radius
         if self.spec.published is not None:
             out["published"] = to_dict(self.spec.published)
+        if self.prediction is not None:
+            out["prediction"] = self.prediction
         if self.search:
             out["search"] = self.search
         if self.placement is not None:

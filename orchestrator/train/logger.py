@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 
 class Logger:
-    def __init__(self, run_dir: Path, plan: dict):
+    def __init__(self, run_dir: Path, plan):  # a RunPlan
         self.run_dir, self.plan = run_dir, plan
         self.writer = None
 
@@ -34,7 +34,16 @@ class Logger:
             eta = values["time/step_s"] * (steps - step - 1)
             log.info(f"step {step + 1}/{steps} | loss {values['loss/train']:.4f} | {values['time/step_s']:.3f} s/step | "
                      f"{values['throughput/tokens_per_s']:,.0f} tok/s | MFU {values['perf/mfu']:.2%} "
-                     f"(plan {values['perf/mfu_predicted']:.2%}) | ETA {eta:.0f} s")
+                     f"(plan {values['perf/mfu_predicted']:.2%}{self._not_predicted()}) | ETA {eta:.0f} s")
+
+    def _not_predicted(self) -> str:
+        """Said beside the plan's figure when the plan says it is no prediction for this layout or
+        machine (plan.json's `prediction`, plan/machine.py; its warnings say why)."""
+        data = getattr(self.plan, "data", None) or {}
+        prediction = data.get("prediction") if isinstance(data, dict) else None
+        if prediction and not prediction.get("is_prediction", True):
+            return ", not a prediction for this layout here: see plan.json's prediction"
+        return ""
 
     def close(self) -> None:
         if self.writer:
