@@ -427,6 +427,8 @@ def test_a_standby_supervisor_takes_over_when_the_first_node_dies(cluster, tmp_p
     assert event["mode"] == "supervisor_takeover" and event["node"] == "node1" and event["generation"] == 2, event
     assert event["nodes_in_service"] == ["node2"] and event["seconds"]["detection"] >= 6, event
     assert event["resumed_from"] == "snapshot" and event["resumed_from_step"] == 5, event  # the checkpoint: step 4
+    logs = "".join(f.read_text() for f in run.glob("attempt*/logs/rank*.log"))
+    assert "resumed from the memory snapshot of step 5" in logs
     assert not (run / "requeues.json").exists()  # never requeued (by SLURM: a supervisor_lost event would say so)
     assert "TAKEOVER" in (run / "logs" / "standby.log").read_text()
     got = losses_by_step(run)
