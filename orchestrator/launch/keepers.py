@@ -131,8 +131,8 @@ class SrunKeepers(Keepers):
     """The keepers of a SLURM allocation: one srun step (sbatch.keeper_command) with a task on each
     node, beside the training steps (--overlap) and outliving them; each task writes
     RUN_DIR/keepers/<node>.json (its address and the start's token). A node lost takes its task with
-    it (marked lost here). Keepers an earlier supervisor of the allocation started (a standby that
-    took over) are adopted when they answer with the job's key: their snapshots are the run's."""
+    it (marked lost here). A standby that took over adopts the keepers the supervisor before it
+    started in the allocation when they answer with the job's key: their snapshots are the run's."""
 
     def __init__(self, spec, run_dir: Path, say=print):
         super().__init__(run_dir, say)
@@ -148,13 +148,9 @@ class SrunKeepers(Keepers):
         step = self.step_of.get(node)
         return node in self.addrs and (step is None or step.poll() is None)
 
-    def _start(self, nodes: list) -> dict:
-        found = self.adopt(nodes)
-        rest = [n for n in nodes if n not in found]
-        return {**found, **(self._launch(rest) if rest else {})}
-
     def adopt(self, nodes: list) -> dict:
-        """{node: address} of the keepers already running on `nodes` that answer with the job's key."""
+        """{node: address} of the keepers already running on `nodes` that answer with the job's key,
+        kept from now on (a standby's takeover: srun.takeover_point; a new job starts its own)."""
         key, out = wire.read_secret(self.key_file()), {}
         for node in nodes:
             try:
@@ -181,7 +177,7 @@ class SrunKeepers(Keepers):
                 out[node] = said["addr"]
         return out
 
-    def _launch(self, nodes: list) -> dict:
+    def _start(self, nodes: list) -> dict:
         from orchestrator.launch import sbatch
 
         token = secrets.token_hex(8)
