@@ -148,7 +148,7 @@ def test_a_detached_job_restarts_on_the_survivors_when_its_state_has_one_copy(cl
     node1 from that memory snapshot, later than any checkpoint (the first is step 20), with the
     uninterrupted run's losses."""
     run = _detached_run_with_a_node_killed(tmp_path, "training.checkpoint.every=20",
-                                           "training.checkpoint.snapshot_every=1", snapshot=True)
+                                           "training.checkpoint.snapshot_every=2", snapshot=True)
     (event,) = failovers(run)
     assert event["mode"] == "restart" and event["node"] == "node2"
     assert event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
