@@ -228,6 +228,12 @@ down() {
     { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -q '^SLURM_CLUSTER_NAME=orchestrator$' &&
       kill -9 "${p#/proc/}" 2>/dev/null || true
   done
+  # and their slurmstepds (they log to a node's slurmd log): one still ending a cancelled step would
+  # report to the next cluster's slurmctld and drain its node ("Kill task failed")
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q '^slurmstepd' || continue
+    ls -l "$p/fd" 2>/dev/null | grep -q "$DIR/log/slurmd-" && kill -9 "${p#/proc/}" 2>/dev/null || true
+  done
   sed -i "/$TAG/d" /etc/hosts 2>/dev/null || true
   rm -rf "$DIR/state" "$DIR/spool"
   say "down"

@@ -96,9 +96,28 @@ def test_preempted_job_requeues_and_finishes_from_its_checkpoint(cluster, tmp_pa
     assert [got[s] for s in range(30)] == pytest.approx(reference[:30], rel=1e-5)
 
 
-def _detached_run_with_a_node_killed(tmp_path, *layout) -> Path:
+def _a_snapshot_after(run: Path, node: str, step: int, within_s: float = 120) -> int:
+    """Wait (bounded) until `node`'s snapshot keeper (its address in RUN_DIR/keepers/NODE.json, the
+    job's key in RUN_DIR/keeper.key) holds every rank's snapshot of a step after `step`; that step."""
+    from orchestrator.train import keeper, wire
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            addr = json.loads((run / "keepers" / f"{node}.json").read_text())["addr"]
+            point = keeper.restore_point(keeper.inventories([addr], wire.read_secret(run / "keeper.key"), 5), step)
+        except (OSError, ValueError, KeyError):
+            point = {}
+        if point.get("source") == "snapshot":
+            return point["step"]
+        time.sleep(0.2)
+    pytest.fail(f"{node}'s keeper held no complete snapshot after step {step} within {within_s} s")
+
+
+def _detached_run_with_a_node_killed(tmp_path, *layout, snapshot: bool = False) -> Path:
     """Submit and walk away (no launcher.wait): the job owns the failure. Kill node2 once nine
-    steps are done, then only watch status.json until the run ends."""
+    steps are done (`snapshot`: and node1's keeper holds a snapshot of a step after 8), then only
+    watch status.json until the run ends."""
     run = tmp_path / "run"
     r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
                  "training.steps=40", *layout], tmp_path, timeout=300)
@@ -108,6 +127,8 @@ def _detached_run_with_a_node_killed(tmp_path, *layout) -> Path:
         while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and
                                                     len((run / "metrics.jsonl").read_text().splitlines()) >= 9):
             time.sleep(0.3)
+        if snapshot:
+            _a_snapshot_after(run, "node1", 8)
         subprocess.run([str(ROOT / "slurm" / "kill-node.sh"), "node2"], check=True, timeout=30)
         deadline = time.monotonic() + 600
         state = None
@@ -122,11 +143,19 @@ def _detached_run_with_a_node_killed(tmp_path, *layout) -> Path:
 
 
 def test_a_detached_job_restarts_on_the_survivors_when_its_state_has_one_copy(cluster, tmp_path, reference):
-    run = _detached_run_with_a_node_killed(tmp_path, "training.checkpoint.every=4")
+    """One copy of the state; node2 killed after step 8 once node1's snapshot keeper (node2's ranks'
+    buddy, an srun step of the job beside the ranks) holds a snapshot after it: the run restarts on
+    node1 from that memory snapshot, later than any checkpoint (the first is step 20), with the
+    uninterrupted run's losses."""
+    run = _detached_run_with_a_node_killed(tmp_path, "training.checkpoint.every=20",
+                                           "training.checkpoint.snapshot_every=2", snapshot=True)
     (event,) = failovers(run)
     assert event["mode"] == "restart" and event["node"] == "node2"
     assert event["old_layout"]["dp"] == 4 and event["new_layout"]["dp"] == 2
     assert event["nodes_in_service"] == ["node1"]
+    assert event["resumed_from"] == "snapshot" and 8 < event["resumed_from_step"] < 20, event
+    logs = "".join(f.read_text() for f in (run / "attempt1" / "logs").glob("rank*.log"))
+    assert "resumed from the memory snapshot of step" in logs
     got = losses_by_step(run)
     assert [got[s] for s in range(40)] == pytest.approx(reference, rel=1e-5)
     assert samples_read(run) == list(range(40 * 16))  # none lost, none repeated
@@ -374,17 +403,21 @@ def test_a_standby_supervisor_takes_over_when_the_first_node_dies(cluster, tmp_p
     again). The standby supervisor on node2 sees the lease in the run directory expire (6 s), takes
     over in the same allocation (no requeue), ends the old step, re-plans on node2 and resumes from
     the checkpoint with the uninterrupted run's losses. Rank 0 stops before step 5 (attempt 0 only), so
-    the node dies at a known step."""
+    the node dies at a known step. With memory snapshots every step, node2's keeper (an srun step of the
+    job, kept by the takeover) holds every rank's snapshot of step 5, newer than the checkpoint of step
+    4: the standby resumes from it."""
     run = tmp_path / "run"
     r = run_cli([*COMMON, "launcher=slurm", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.dp=4",
                  "training.steps=12", "training.checkpoint.every=2", "fault.kind=hang_rank", "fault.rank=0",
-                 "fault.at_step=5", "failover.progress_deadline_s=120", "failover.lease_s=6"], tmp_path, timeout=300)
+                 "fault.at_step=5", "failover.progress_deadline_s=120", "failover.lease_s=6",
+                 "training.checkpoint.snapshot_every=1"], tmp_path, timeout=300)
     assert r.returncode == 0 and "submitted SLURM job" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and
                                                     len((run / "metrics.jsonl").read_text().splitlines()) >= 5):
             time.sleep(0.3)
+        assert _a_snapshot_after(run, "node2", 4) == 5  # every rank's, in the keeper that outlives node1
         subprocess.run([str(ROOT / "slurm" / "kill-node.sh"), "--freeze", "node1"], check=True, timeout=30)
         assert _ended(run) == "completed", (run / "status.json").read_text()
     finally:
@@ -393,6 +426,9 @@ def test_a_standby_supervisor_takes_over_when_the_first_node_dies(cluster, tmp_p
     (event,) = failovers(run)
     assert event["mode"] == "supervisor_takeover" and event["node"] == "node1" and event["generation"] == 2, event
     assert event["nodes_in_service"] == ["node2"] and event["seconds"]["detection"] >= 6, event
+    assert event["resumed_from"] == "snapshot" and event["resumed_from_step"] == 5, event  # the checkpoint: step 4
+    logs = "".join(f.read_text() for f in run.glob("attempt*/logs/rank*.log"))
+    assert "resumed from the memory snapshot of step 5" in logs
     assert not (run / "requeues.json").exists()  # never requeued (by SLURM: a supervisor_lost event would say so)
     assert "TAKEOVER" in (run / "logs" / "standby.log").read_text()
     got = losses_by_step(run)

@@ -13,14 +13,17 @@ without a requeue (`take_over`):
 
 1. it claims the next generation of the lease (fencing: a holder that comes back steps down at
    its next renewal, stops its step and stands by in its turn: two supervisors never act at once);
-2. it cancels the job's other steps (the ranks on the survivors wait on dead peers) and leaves the
+2. it cancels the job's other steps (the ranks on the survivors wait on dead peers; the snapshot
+   keepers' step is kept: the survivors' keepers hold the run's memory snapshots) and leaves the
    old holder's node out (SLURM, with --no-kill, takes it out of the allocation when it marks it down);
 3. it resumes the run through the path a job takes after its supervisor died (srun.resume: the
-   latest attempt's plan, re-planned on the survivors when they are fewer than it needs, from the
-   last complete checkpoint: the restart path's spare or re-plan);
+   latest attempt's plan, re-planned on the survivors when they are fewer than it needs), from the
+   newest memory snapshot the surviving keepers hold when it is newer than the last complete
+   checkpoint, else from the checkpoint (srun.takeover_point);
 4. failover.json records a `supervisor_takeover` event: who took over, from whom, on which node,
    the lease's age when it did (seconds.detection) and how long until the ranks could start
-   again (seconds.takeover).
+   again (seconds.takeover), and where it resumed (resumed_from, resumed_from_step; snapshot_not_used: why not
+   from a snapshot).
 
 When the run ends under the standby it ends the job (scancel: the batch step is on the lost node
 and would hold the allocation until its time limit), or requeues it on a stop request. Every wait
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 
 from orchestrator import rundir
-from orchestrator.launch import failover, srun
+from orchestrator.launch import failover, sbatch, srun
 from orchestrator.launch.lease import Lease, for_run, me
 from orchestrator.rundir import EXIT_STOPPED, events
 from orchestrator.launch.runs import DONE
@@ -82,11 +85,14 @@ def take_over(spec, run_dir: Path, lease: Lease, held: dict) -> int:
     dead = held.get("host")
     nodes = [n for n in srun.hostnames(os.environ["SLURM_JOB_NODELIST"]) if n != dead]
 
-    def started(plan, first_attempt: int) -> None:  # the ranks start again: the event says how long it took
-        events.record(run_dir, {"mode": "supervisor_takeover", "by": lease.holder, "host": lease.host,
+    def started(plan, first_attempt: int, point: dict) -> None:  # the ranks start again: the event says how
+        events.record(run_dir, {"mode": "supervisor_takeover", "by": lease.holder, "host": lease.host,  # long it took
                                 "from": held.get("holder"), "node": dead, "nodes_excluded": [dead],
                                 "generation": lease.generation, "lease_s": lease.timeout_s, "job_id": job,
                                 "attempt": first_attempt, "layout": plan.layout.label(), "nodes_in_service": nodes,
+                                "resumed_from": point["source"], "resumed_from_step": point["step"],
+                                "failed_after_step": point.get("failed_after_step"),
+                                **({"snapshot_not_used": point["why"]} if point.get("why") else {}),
                                 "seconds": {"detection": detected, "takeover": time.time() - t0}})
     code = srun.resume(run_dir, nodes, lease, takeover=started)
     if code == rundir.EXIT_STOPPED:  # every rank saved on request (preemption, time limit): come back
@@ -97,15 +103,17 @@ def take_over(spec, run_dir: Path, lease: Lease, held: dict) -> int:
 
 
 def cancel_steps(job: str, keep: str | None) -> None:
-    """scancel every step of `job` but `keep` (this standby's) and the batch step (ending it would end the job)."""
+    """scancel every step of `job` but `keep` (this standby's), the batch step (ending it would end the
+    job) and the snapshot keepers' (sbatch.KEEPER_STEP: the survivors' hold the run's snapshots)."""
     if not job:
         return
     try:
-        out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True,
-                             timeout=30).stdout.split()
+        out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         out = []
-    steps = [s for s in out if "." in s and s.split(".", 1)[1].isdigit() and s.split(".", 1)[1] != keep]
+    steps = [s for s, name in (f"{line} ".split(" ", 1) for line in out) if name.strip() != sbatch.KEEPER_STEP
+             and "." in s and s.split(".", 1)[1].isdigit() and s.split(".", 1)[1] != keep]
     for s in steps:
         subprocess.run(["scancel", s], capture_output=True, timeout=30, check=False)
     if steps:

@@ -21,16 +21,16 @@ from orchestrator import rundir
 from orchestrator.rundir import EXIT_LEFT, EXIT_OK
 from orchestrator.config.schema import FaultKind, FaultMode
 from orchestrator.launch import failover, faults, progress, stragglers
+from orchestrator.launch.keepers import LocalKeepers
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.processes import LocalJob, _describe, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
 from orchestrator.frameworks.trainers import external
-from orchestrator.train import keeper, wire
+from orchestrator.train import keeper
 from orchestrator.plan import timeouts
 
-KEEPER_START_S = 60.0  # a snapshot keeper says where it listens within this
 CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
 
 
@@ -58,9 +58,7 @@ class LocalWorkers(Workers):
         self.next_watch = 0.0
         self.hang = None
         self.evicted: dict = {}  # node -> why it was evicted (a straggler)
-        self.keepers: dict = {}  # node -> (process, address): its snapshot keeper (train/keeper.py), across attempts
-        self.keeper_key: Path | None = None
-        self.restore: dict | None = None  # where the next attempt resumes (resume_point), for its plan directory
+        self.keepers = LocalKeepers(self.run_dir, self.say)  # each node's snapshot keeper, across attempts
 
     # ---- what the in-place policy asks -----------------------------------------------------
     def say(self, text: str) -> None:
@@ -96,10 +94,8 @@ class LocalWorkers(Workers):
         active = nodes[: plan["nodes"]]  # the attempt's plan's nodes; the rest wait (warm spares with copies)
         self.current = list(active)
         if keeper.every_of(plan) and not external(plan):
-            env.update(self._keepers_for(active))
-        if self.restore is not None:  # a restart: where its ranks resume (a memory snapshot or the checkpoint)
-            (Path(plan_dir) / keeper.RESTORE_JSON).write_text(json.dumps(self.restore, indent=1))
-            self.restore = None
+            env.update(self.keepers.env_for(active))
+        self.keepers.hand_over(plan_dir)  # a restart: where its ranks resume (a memory snapshot or the checkpoint)
         if policy is not None:
             env.update(self._serve(policy, plan_dir))
         self.job = local_job(plan_dir, nodes=len(active), gpus_per_node=gpn, env=env, echo=self.echo)
@@ -116,42 +112,8 @@ class LocalWorkers(Workers):
             self._spawn_copies(plan_dir, spare_nodes, now=False)
         return list(active)
 
-    # ---- snapshot keepers (train/keeper.py): one per node, outliving the attempts ----------------
-    def _keepers_for(self, active: list) -> dict:
-        """A keeper on each of the attempt's nodes (started once, kept across attempts); the ranks'
-        environment that names them, in the attempt's node order."""
-        if self.keeper_key is None:
-            self.keeper_key = keeper.make_secret(self.run_dir)
-        for node in active:
-            if node not in self.keepers or self.keepers[node][0].poll() is not None:
-                self.keepers[node] = start_keeper(self.keeper_key)
-        return {keeper.ENV_KEEPERS: ",".join(self.keepers[n][1] for n in active),
-                keeper.ENV_KEEPER_KEY_FILE: str(self.keeper_key)}
-
-    def lose_keepers(self, nodes) -> None:
-        """Lost nodes lose their host memory: their keepers go with them."""
-        for node in nodes:
-            p = self.keepers.pop(node, (None,))[0]
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
-
-    def close_keepers(self) -> None:
-        self.lose_keepers(list(self.keepers))
-
     def resume_point(self, url: str, done: int) -> dict:
-        """Where the restart resumes: the newest memory snapshot every rank has in a live keeper
-        when newer than the newest complete checkpoint, else the checkpoint (keeper.restore_point)."""
-        from orchestrator.rundir import checkpoints as ckpt
-
-        dcp = ckpt.latest_complete(url)
-        live = [addr for p, addr in self.keepers.values() if p.poll() is None]
-        if live:
-            point = keeper.restore_point(keeper.inventories(live, wire.read_secret(self.keeper_key)), dcp)
-        else:
-            point = {"source": "checkpoint", "step": dcp or 0}
-        self.restore = {**point, "failed_after_step": done, "checkpoint_step": dcp}
-        return self.restore
+        return self.keepers.resume_point(url, done)
 
     def _serve(self, policy, plan_dir: Path) -> dict:
         """The job's store and the coordinator, for this attempt."""
@@ -252,7 +214,7 @@ class LocalWorkers(Workers):
             self.killed_at = time.monotonic()
             for node in f.nodes():
                 self.job.kill_node(node)
-            self.lose_keepers(f.nodes())  # and its memory (the first attempt: its nodes are the plan's own)
+            self.keepers.lose(f.nodes())  # and its memory (the first attempt: its nodes are the plan's own)
         if (f.rejoin_at_step is not None and self.killed_at and not self.rejoined and self.policy is not None
                 and max((m["step"] + 1 for m in read_metrics(self.run_dir)), default=0) >= f.rejoin_at_step):
             self.rejoined = True
@@ -261,7 +223,7 @@ class LocalWorkers(Workers):
 
     def wait(self) -> Outcome:
         outcome = self._wait_restart_only() if self.policy is None else self._wait_in_place()
-        self.lose_keepers({*outcome.lost, *self.lost})  # a node lost in place lost its memory too
+        self.keepers.lose({*outcome.lost, *self.lost})  # a node lost in place lost its memory too
         return outcome
 
     def _wait_in_place(self) -> Outcome:
@@ -429,7 +391,7 @@ class LocalLauncher(Launcher):
             code = supervise(self.plan, self.run_dir, workers, first_attempt=first)
         finally:
             stop.restore()
-            workers.close_keepers()
+            workers.keepers.close()
         how = read_status(self.run_dir)
         if code:
             print(f"\n{how.get('state', 'failed').upper()}: {how.get('message', '')}; every rank was stopped. "
@@ -439,24 +401,6 @@ class LocalLauncher(Launcher):
         print(f"done: TensorBoard logs in {self.run_dir / rundir.TENSORBOARD}, metrics in "
               f"{self.run_dir / rundir.METRICS_JSON}, plan and pictures in {self.run_dir}")
         return EXIT_OK
-
-
-def start_keeper(key_file: Path):
-    """One node's snapshot keeper (train/keeper.py), dying with this process: (process, address)."""
-    import select
-    import subprocess
-
-    from orchestrator.launch.forkserver import die_with_parent
-
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator.train.keeper", str(key_file)], stdout=subprocess.PIPE,
-                         text=True, start_new_session=True, preexec_fn=die_with_parent)
-    ready = select.select([p.stdout], [], [], KEEPER_START_S)[0]
-    line = p.stdout.readline().strip() if ready else f"nothing within {KEEPER_START_S:.0f} s"
-    if not line.startswith("keeper "):  # "keeper HOST:PORT" once it listens
-        p.kill()
-        p.wait()
-        raise RuntimeError(f"a snapshot keeper did not start (status {p.poll()}): {line!r}")
-    return p, line.split(" ", 1)[1]
 
 
 def _note_a_lost_supervisor(run_dir: Path, spec) -> None:

@@ -108,3 +108,23 @@ def srun_command(lc, plan_dir: Path, nodes: list[str], tasks_per_node: int, pyth
             f"--nodelist={compress(nodes)}", f"--cpus-per-task={lc.cpus_per_task}",
             *container_args(lc, run_dir or plan_dir),
             *program(plan_dir, python)]  # the built-in worker, or the trainer (launch/trainers.py)
+
+
+KEEPER_STEP = "keepers"  # the snapshot keepers' step name: a standby's takeover keeps it (launch/batch.cancel_steps)
+
+
+def keeper_command(lc, run_dir: Path, nodes: list[str], python: str, key_file: Path, token: str) -> list[str]:
+    """The srun step of the snapshot keepers (train/keeper.py, launch/keepers.SrunKeepers): a task on
+    each of `nodes`, sharing the allocation with the training steps (--overlap) and kept when a node
+    dies (--no-kill). Each writes where it listens into RUN_DIR/keepers/<node>.json and its log into
+    logs/keeper<task>.log (by its node's slurmstepd, not through this srun)."""
+    from orchestrator import rundir
+    from orchestrator.plan.hostlist import compress
+
+    if lc.container_image:
+        python = lc.container_python
+    return ["srun", "--overlap", "--no-kill", "--kill-on-bad-exit=0", f"--job-name={KEEPER_STEP}",
+            f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--ntasks={len(nodes)}", f"--nodelist={compress(nodes)}",
+            "--cpus-per-task=1", f"--output={Path(run_dir) / rundir.LOGS / 'keeper%t.log'}",
+            *container_args(lc, run_dir), python, "-m", "orchestrator.train.keeper", str(key_file), "--host=hostname",
+            f"--announce={Path(run_dir) / rundir.KEEPERS}", f"--token={token}"]

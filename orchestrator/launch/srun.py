@@ -38,10 +38,13 @@ from pathlib import Path
 
 from orchestrator import rundir
 from orchestrator.rundir import events
+from orchestrator.frameworks.trainers import external
 from orchestrator.launch import failover, progress, sbatch, stragglers
+from orchestrator.launch.keepers import SrunKeepers
 from orchestrator.launch.status import read_status, steps_completed, write_status
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.rundir import EXIT_STOPPED
+from orchestrator.train import keeper
 
 
 def master_port(job: str, attempt: int) -> str:
@@ -127,6 +130,7 @@ class SrunWorkers(Workers):
         self.lost: list[str] = []
         self.crash: str | None = None  # a rank seen crashed while its peers wait on it
         self.drained: list[str] = []  # drained by SLURM: left out of later steps, not counted as failures
+        self.keepers = SrunKeepers(spec, run_dir, self.say)  # each node's snapshot keeper, across attempts
 
     def lost_nodes(self) -> list:
         return list(self.lost)
@@ -149,7 +153,11 @@ class SrunWorkers(Workers):
         (plan_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
         progress.clear(self.run_dir)  # the beats of this attempt's ranks, read by wait (a hang)
         self.crash = None
-        self.timeouts(json.loads((plan_dir / rundir.PLAN_JSON).read_text()))
+        plan = json.loads((plan_dir / rundir.PLAN_JSON).read_text())
+        self.timeouts(plan)
+        if keeper.every_of(plan) and not external(plan):  # snapshots: a keeper on each node (started once)
+            env = {**env, **self.keepers.env_for(self.current)}
+        self.keepers.hand_over(plan_dir)  # a restart: where its ranks resume (a memory snapshot or the checkpoint)
         if policy is not None:
             from orchestrator.launch.control import JobServices
 
@@ -192,7 +200,15 @@ class SrunWorkers(Workers):
         states = node_states(self.current)
         return failover.failures_from_states(states, self.current, known=set(self.lost) | set(self.drained))
 
+    def resume_point(self, url: str, done: int) -> dict:
+        return self.keepers.resume_point(url, done)
+
     def wait(self) -> Outcome:
+        outcome = self._wait()
+        self.keepers.lose(self.lost)  # a node lost took its keeper (its task of the keepers' step) with it
+        return outcome
+
+    def _wait(self) -> Outcome:
         lc = self.spec.launcher
         wait_s = node_fail_wait_s(lc)
         settle = self.settle  # the plan's settle window W (< quorum < collective timeout)
@@ -465,13 +481,34 @@ def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, stan
     renewer, code = Renewer(lease, lease_period_s(lease.timeout_s), workers.fence), rundir.EXIT_FAILED
     try:
         if takeover is not None:
-            takeover(plan, first)
+            takeover(plan, first, takeover_point(plan, run_dir, workers))
         code = supervise(plan, run_dir, workers, first_attempt=first)
     finally:
         renewer.stop()
         if code != rundir.EXIT_FENCED:  # the run ended under this holder: no standby takes over
             lease.release()
+            workers.keepers.close()  # (a holder fenced leaves them to its successor)
     return code
+
+
+def takeover_point(plan, run_dir: Path, workers: SrunWorkers) -> dict:
+    """Where a standby's takeover resumes (what its first attempt's ranks read): the newest snapshot
+    the keepers on the surviving nodes hold (they outlive the supervisor's node and are adopted),
+    when newer than the checkpoint; else the checkpoint, with why (keeper.restore_point's, or none
+    taken)."""
+    from orchestrator.rundir import checkpoints as ckpt
+
+    pj = plan.to_json()
+    url = ckpt.url_for(plan.spec.training.checkpoint.dir, run_dir)
+    done = steps_completed(run_dir, range(10**6))
+    if not keeper.every_of(pj) or external(pj):
+        point = workers.resume_point(url, done)
+        return {**point, "why": "the plan takes no memory snapshots"}
+    workers.keepers.adopt(workers.nodes())
+    point = workers.resume_point(url, done)
+    if point["source"] != "snapshot" and not point.get("why"):
+        point["why"] = f"no snapshot keeper answered on the surviving node(s) {workers.nodes()}"
+    return point
 
 
 def requeue_or_stop(run_dir: Path, lc) -> None:

@@ -41,6 +41,7 @@ SWEEP_JSON, SLURM_JOBS = "sweep.json", "slurm_jobs.jsonl"
 REQUEUES_JSON = "requeues.json"  # SLURM: how many times the job requeued itself (launch/srun.py)
 HYDRA_DIR, LOGS, TENSORBOARD, CHECKPOINTS, SAMPLES = ".hydra", "logs", "tensorboard", "checkpoints", "samples"
 PROGRESS = "progress"  # progress/<host>.<pid>: each rank's last beat (train/world.beat, launch/progress.py)
+KEEPERS = "keepers"  # keepers/<node>.json: where each node's snapshot keeper listens (SLURM; launch/keepers.py)
 SLURM_DIR = "slurm"  # submitit's folder (batch scripts, the supervisor's output); a sweep's: slurm/group<N>/
 CONTROL_KEY = "control.key"  # the job's control secret (train/wire.py), 0600
 ATTEMPT = "attempt"  # attempt<N>/

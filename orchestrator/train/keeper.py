@@ -225,12 +225,31 @@ def make_secret(run_dir: Path) -> Path:
     return wire.make_secret(run_dir, KEY_NAME)
 
 
+def announce(folder: Path, addr: str, token: str) -> Path:
+    """Say where this node's keeper listens: FOLDER/<node>.json (SLURM's name for the node, else the
+    host's), written whole and then renamed; `token` names the start it answers (launch/keepers.py)."""
+    import os
+
+    from orchestrator import rundir
+
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return rundir.write_json(Path(folder) / f"{node}.json", {"node": node, "addr": addr, "token": token,
+                                                             "pid": os.getpid()})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="a node's snapshot keeper (started by the launcher)")
     ap.add_argument("key_file")
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on; 'hostname': this host's name "
+                    "(SLURM: the ranks on other nodes reach it)")
+    ap.add_argument("--announce", help="a folder to write <node>.json with the address into (SLURM)")
+    ap.add_argument("--token", default="", help="what the launcher named this start (in <node>.json)")
     args = ap.parse_args()
-    keeper = Keeper(wire.read_secret(args.key_file), args.host)
+    host = socket.gethostname() if args.host == "hostname" else args.host
+    keeper = Keeper(wire.read_secret(args.key_file), host)
+    if args.announce:
+        announce(Path(args.announce), keeper.addr, args.token)
     print(f"keeper {keeper.addr}", flush=True)
     keeper.serve_forever()
 

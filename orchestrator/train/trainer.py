@@ -412,7 +412,7 @@ class Trainer:
         snap_every = keeper.every_of(self.plan.data) if os.environ.get(keeper.ENV_KEEPERS) else 0
         if not snap_every and keeper.every_of(self.plan.data) and self.rank == 0:
             log.warning(f"no memory snapshots: the plan takes one every {keeper.every_of(self.plan.data)} step(s) but "
-                        f"this launcher runs no snapshot keepers ({keeper.ENV_KEEPERS} unset; launcher=local does): "
+                        f"this launcher runs no snapshot keepers ({keeper.ENV_KEEPERS} unset; launcher=local and slurm do): "
                         f"a restart reads the checkpoint")
         self._snap_group = dist.new_group(backend="gloo") if snap_every else None  # the snapshots' own (background)
         self._keeper_key = wire.read_secret(os.environ[keeper.ENV_KEEPER_KEY_FILE]) if snap_every else None
