@@ -120,11 +120,19 @@ def main() -> None:
             save(model, opt, f"{ckpt}/step_{step + 1:08d}")
         if asked.item() and step + 1 < tr["steps"]:
             print(f"stopping after step {step + 1}: saved, the job resumes from here", flush=True)
-            dist.barrier()
-            dist.destroy_process_group()
-            sys.exit(EXIT_STOPPED)
+            leave(EXIT_STOPPED)
+    leave(0)
+
+
+def leave(code: int) -> None:
+    """Everyone done (the save is on disk), then out without the interpreter's teardown: a gloo or
+    store thread torn down while a late signal lands can abort the process ('terminate called without
+    an active exception', status 134), and the exit status is what tells SLURM to requeue."""
     dist.barrier()  # gloo and DCP exit cleanly only after everyone is done
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
