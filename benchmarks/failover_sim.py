@@ -14,12 +14,13 @@ Per step every live copy computes `step_s` (the plan's predicted step), meets th
 the gradient all-reduce, and its leader sends its commit; a failure breaks the all-reduce
 (the survivors see it after a reset, or after failover.timeout_s for a silent peer) and they
 report, the supervisor may see it (a process gone, SLURM's node state), the coordinator
-decides, the new generation rebuilds its groups (3N store operations, replicas.py) and
+decides, the new generation rebuilds its groups (3N store operations, replicas.py, over the job
+store's shards: the busiest one's share, plan/goodput.rebuild_s) and
 redoes the step. Scenarios: crash, node, hang, straggler, two, flap, drain, supervisor,
 partition; and the replay of Llama 3's 54 days on 16,384 GPUs (419 unexpected
 interruptions, Llama 3 paper section 3.3.4, Table 5) for ETTR.
 
-    python benchmarks/failover_sim.py [--configs 16k-128,16k-8,100k-128,100k-8] [--json]
+    python benchmarks/failover_sim.py [--configs 16k-128,16k-8,100k-128,100k-8] [--json] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -877,7 +878,11 @@ def main() -> None:
     ap.add_argument("--configs", default="16k-128,100k-128,16k-8,100k-8")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides added to every configuration (e.g. failover.store_shards=1: one store server)")
     a = ap.parse_args()
+    for name in CONFIGS:
+        CONFIGS[name] = CONFIGS[name] + a.set
     CONSTANTS["store_ops_s"] = measured_store_ops_s() or CONSTANTS["store_ops_s"]
     rows = []
     for n in a.configs.split(","):

@@ -58,6 +58,13 @@ def test_plan_md_prints_the_ladder_and_the_goodput(tmp_path):
     assert f"stall deadline {t['stall_s']:.1f} s" in md and "aborts the survivors' pending cross-copy" in md
     assert f"TCP keepalive {t['keepalive_s']:.0f} s" in md
     assert "goodput: predicted ETTR" in md
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import failover_sim
+
+    copies = plan_of(*failover_sim.CONFIGS["16k-128"], "launcher=slurm")  # 16k ranks, 128 copies in place
+    write_plan(copies, tmp_path / "copies", figures=False)
+    md = (tmp_path / "copies" / "plan.md").read_text()
+    assert "rebuilds its cross-copy groups through the job's store, 4 shards at once" in md, md  # 16,384 / 4,096
 
 
 def test_the_slurm_supervisor_settles_by_the_plans_window(tmp_path):
