@@ -530,6 +530,8 @@ class Sim:
             self.beat(c, step, "end")  # the step's end: its commit granted (train/trainer.py)
             return self.start(c, gen, step + 1)
         if op == "reform":
+            if self.t_fail is not None and answer["gen"] == 1:  # the decision reached this leader
+                self.phase["told"] = max(self.phase.get("told", 0.0), self.now)
             self._configure(c, answer["gen"], answer["copies"])
             new = c in answer["new"]
             state_s = self.plan.blast_radius["checkpoint_bytes"] / self.N / (CONSTANTS["state_gbps"] * 1e9) if new else 0.0
@@ -705,9 +707,10 @@ class Sim:
         """Where the first recovery's time went, each from the fault (virtual s): detected (the
         coordinator's change began), abort (the survivors' pending collectives aborted), boundary (the
         last survivor reached the step's cross-copy collective: the step in flight's own work),
-        decided (the coordinator's decision), started (the new generation's groups rebuilt on the
-        store's shards, a newcomer's state received: the step starts again), committed (the redone
-        step committed: recovery_s). Then rebuild_s (decided to started), redo_s (started to
+        decided (the coordinator's decision), told (the last leader has it: the coordinator's answers
+        sent), started (the new generation's groups rebuilt on the store's shards, a newcomer's state
+        received: the step starts again), committed (the redone step committed: recovery_s). Then
+        rebuild_s (told to started), redo_s (started to
         committed: the step in flight, redone) and control_s: from when the loss is known and the
         survivors are at the boundary to the new generation's start (what detection after the
         boundary, the report, the decision and the rebuild add; the step's own work is not in it)."""
@@ -716,8 +719,8 @@ class Sim:
         at = {"detected": None if self.detected is None else self.t_fail + self.detected, **self.phase,
               "committed": self.first_after}
         out = {k: round(v - self.t_fail, 3) for k, v in at.items() if v is not None}
-        if "decided" in at and "started" in at:
-            out["rebuild_s"] = round(at["started"] - at["decided"], 3)
+        if "told" in at and "started" in at:
+            out["rebuild_s"] = round(at["started"] - at["told"], 3)
             out["redo_s"] = round(self.first_after - at["started"], 3)
             known = max(x for x in (at["detected"], at.get("boundary"), self.t_fail) if x is not None)
             out["control_s"] = round(at["started"] - known, 3)
@@ -905,7 +908,8 @@ def main() -> None:
     print("where each recovery's time went (s from the fault; Sim.phases), store shards per config:",
           {n: rundir.store_shards(plan_of(n).world_size, plan_of(n).spec.failover.store_shards)
            for n in a.configs.split(",")})
-    keys = ["detected", "abort", "boundary", "decided", "started", "committed", "rebuild_s", "redo_s", "control_s"]
+    keys = ["detected", "abort", "boundary", "decided", "told", "started", "committed", "rebuild_s", "redo_s",
+            "control_s"]
     print(" ".join(f"{c:>10s}" for c in ["config", "scenario"] + keys))
     for r in rows:
         if r.get("phases"):

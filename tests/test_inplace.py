@@ -2,7 +2,8 @@
 processes, parameters and optimizer state, re-form across copies and redo only the step in
 flight (no checkpoint is read); a warm spare restores DP with a healthy copy's state; a node
 that comes back joins at a step boundary. Real processes, gloo, the job's store and the
-coordinator; losses against an uninterrupted single-process run."""
+coordinator (its store on two shards: each copy's world on its copy's, each cross-copy group on its
+position's); losses against an uninterrupted single-process run."""
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import failovers, losses_by_step, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16", "layout.dp=4", "layout.dp_shard=2", "hardware.gpus_per_node=2",
-          "failover.quorum_s=5"]
+          "failover.quorum_s=5", "failover.store_shards=2"]  # the job's store on two shards (#36; one: test_survival)
 
 
 @pytest.fixture(scope="module")
