@@ -883,10 +883,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides added to every configuration (e.g. failover.store_shards=1: one store server)")
+    ap.add_argument("--store-ops-s", type=float, default=None,
+                    help="each store shard's service rate (default: measured here; the plan's is "
+                         f"{goodput.STORE_OPS_S:g}): to compare runs on a loaded machine")
     a = ap.parse_args()
     for name in CONFIGS:
         CONFIGS[name] = CONFIGS[name] + a.set
-    CONSTANTS["store_ops_s"] = measured_store_ops_s() or CONSTANTS["store_ops_s"]
+    CONSTANTS["store_ops_s"] = a.store_ops_s or measured_store_ops_s() or CONSTANTS["store_ops_s"]
     rows = []
     for n in a.configs.split(","):
         for k in a.scenarios.split(","):
@@ -897,7 +900,7 @@ def main() -> None:
     if a.json:
         print(json.dumps({"constants": CONSTANTS, "scenarios": rows, "replays": replays}, indent=1))
         return
-    print("constants (stated; store_ops_s measured when torch is there):",
+    print("constants (stated; store_ops_s measured when torch is there, unless --store-ops-s):",
           ", ".join(f"{k}={v:g}" for k, v in CONSTANTS.items()))
     cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "delay_s",
             "control_s", "survivors_released", "wait_bound_s", "max_wait_s", "steps_lost", "healthy_evicted",
