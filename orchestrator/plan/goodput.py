@@ -30,11 +30,12 @@ anyway), then
                boundary of the step the change begins in
 
 and then the generation's groups are rebuilt (REBUILD_STORE_OPS per rank through the job's
-store, train/replicas.py; its shards serve their groups at once: rebuild_s) and the step in flight (the one the change began in) is redone. A restart from the last checkpoint
-(not in place, no warm spare left to take over, or the supervisor's node lost) costs the same
-wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone
-(plus REQUEUE_S when the supervisor's node is lost on SLURM: the job is requeued). A plan that is not
-in place loses nothing to a drain (the node trains on and is left out of the next launch).
+store, train/replicas.py; its shards serve their groups at once: rebuild_s) and the step in
+flight (the one the change began in) is redone. A restart from the last checkpoint (not in
+place, no warm spare left to take over, or the supervisor's node lost) costs the same wait,
+the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone
+(plus REQUEUE_S when the supervisor's node is lost on SLURM: the job is requeued). A plan that
+is not in place loses nothing to a drain (the node trains on and is left out of the next launch).
 
 Warm spares: cluster.spare_nodes' whole copies, or where there are none, a pool sized to the
 repair pipeline. Every failure sends its node to repair for REPAIR_S, also one that finds no spare
