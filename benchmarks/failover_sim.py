@@ -14,12 +14,13 @@ Per step every live copy computes `step_s` (the plan's predicted step), meets th
 the gradient all-reduce, and its leader sends its commit; a failure breaks the all-reduce
 (the survivors see it after a reset, or after failover.timeout_s for a silent peer) and they
 report, the supervisor may see it (a process gone, SLURM's node state), the coordinator
-decides, the new generation rebuilds its groups (3N store operations, replicas.py) and
+decides, the new generation rebuilds its groups (3N store operations, replicas.py, over the job
+store's shards: the busiest one's share, plan/goodput.rebuild_s) and
 redoes the step. Scenarios: crash, node, hang, straggler, two, flap, drain, supervisor (its
 node lost: the standby takes over through the real lease, `takeover`), partition; and the replay of Llama 3's 54 days on 16,384 GPUs (419 unexpected
 interruptions, Llama 3 paper section 3.3.4, Table 5) for ETTR.
 
-    python benchmarks/failover_sim.py [--configs 16k-128,16k-8,100k-128,100k-8] [--json]
+    python benchmarks/failover_sim.py [--configs 16k-128,16k-8,100k-128,100k-8] [--json] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from orchestrator.launch.control import Coordinator  # noqa: E402
 from orchestrator.launch.inplace import copy_size  # noqa: E402
 from orchestrator.launch.stragglers import Stragglers  # noqa: E402
 from orchestrator.launch.srun import SrunWorkers  # noqa: E402
+from orchestrator import rundir  # noqa: E402
 from orchestrator.plan import goodput  # noqa: E402
 from orchestrator.plan.goodput import LLAMA3_TABLE5  # noqa: E402,F401 (the failure mix: one definition, the plan's)
 from orchestrator.train import tree, wire  # noqa: E402
@@ -272,6 +274,10 @@ class Sim:
         self.max_wait = 0.0  # the longest any member's leader waited for an answer (a spare's join aside)
         self._last: tuple = (None, b"")
         self.coord = None
+        # the job's store shards the launchers start (rundir.store_shards): the rebuild and the abort use them
+        self.shards = rundir.store_shards(self.plan.world_size, fo.store_shards)
+        self._began: set[int] = set()  # the copies that started the first new generation
+        self.phase: dict[str, float] = {}  # when (virtual s) each phase of the first recovery ended (phases())
 
     # ---- the supervisor: the real loop, SLURM's commands shimmed -----------------------------
     def run(self) -> dict:
@@ -344,12 +350,14 @@ class Sim:
         return {c: b for c, b in self.beats.items() if c not in self.exited and (pids is None or c in pids)}
 
     def _abort(self, gen: int, dead: list[int]) -> None:
-        """The coordinator aborts generation gen's cross-copy collectives (the job's store wakes every
-        rank: one store operation, then a hop): every copy waiting in one reports now."""
+        """The coordinator aborts generation gen's cross-copy collectives (the job's store sets the key on
+        each shard, one operation each, and wakes every rank: then a hop): every copy waiting in one
+        reports now."""
         if not dead or gen in self.aborted:
             return
         self.aborted[gen] = self.now
-        t = self.now + 1.0 / CONSTANTS["store_ops_s"] + self.hop
+        t = self.now + self.shards / CONSTANTS["store_ops_s"] + self.hop
+        self.phase.setdefault("abort", t)
         for (g, step), rd in list(self.rounds.items()):
             if g == gen and not rd.get("done"):
                 for c in list(rd["arrived"]):
@@ -357,6 +365,8 @@ class Sim:
                         self._fail_at(rd, c, g, step, t, force=True)
 
     def _decide(self, alive, dead, joiners, step):
+        if self.t_fail is not None:
+            self.phase.setdefault("decided", self.now)
         return self.policy.decide(alive, dead, joiners, step)
 
     def finished(self) -> bool:
@@ -411,6 +421,9 @@ class Sim:
         if c in self.broken or c in self.exited or step >= self.steps:
             return
         self.gen_of[c] = gen
+        if self.t_fail is not None and gen == 1 and c not in self._began:  # the new generation's groups built
+            self._began.add(c)
+            self.phase["started"] = max(self.phase.get("started", 0.0), self.now)
         self.beat(c, step, "begin")
         f = self.slow.get(c, 1.0) if step < self.slow_until else 1.0
         self.at(self.now + self.step_s * f * (1 + 0.002 * self.rng.random()), self.at_allreduce, c, gen, step)
@@ -429,6 +442,8 @@ class Sim:
             return
         rd = self._round(gen, step)
         rd["arrived"][c] = self.now
+        if self.t_fail is not None and gen == 0 and c not in self.broken:  # a survivor at the step's boundary
+            self.phase["boundary"] = max(self.phase.get("boundary", 0.0), self.now)
         self.beat(c, step, "wait")
         if gen in self.aborted:  # aborted already: it leaves the collective at once
             return self._fail_at(rd, c, gen, step, self.now, force=True)
@@ -514,10 +529,13 @@ class Sim:
             self.beat(c, step, "end")  # the step's end: its commit granted (train/trainer.py)
             return self.start(c, gen, step + 1)
         if op == "reform":
+            if self.t_fail is not None and answer["gen"] == 1:  # the decision reached this leader
+                self.phase["told"] = max(self.phase.get("told", 0.0), self.now)
             self._configure(c, answer["gen"], answer["copies"])
             new = c in answer["new"]
             state_s = self.plan.blast_radius["checkpoint_bytes"] / self.N / (CONSTANTS["state_gbps"] * 1e9) if new else 0.0
-            rebuild_s = 3 * len(answer["copies"]) * self.size / CONSTANTS["store_ops_s"]
+            # the groups rebuilt on the store's shards at once (the plan's definition: goodput.rebuild_s)
+            rebuild_s = goodput.rebuild_s(len(answer["copies"]), self.size, self.shards, CONSTANTS["store_ops_s"])
             return self.at(self.now + rebuild_s + state_s, self.start, c, answer["gen"], answer["step"])
         self.exited[c] = answer.get("reason", "")
 
@@ -684,6 +702,29 @@ class Sim:
         self._on_server(ROOT, self.coord.closed, c)
 
     # ---- the outcome ----------------------------------------------------------------------------
+    def phases(self) -> dict:
+        """Where the first recovery's time went, each from the fault (virtual s): detected (the
+        coordinator's change began), abort (the survivors' pending collectives aborted), boundary (the
+        last survivor reached the step's cross-copy collective: the step in flight's own work),
+        decided (the coordinator's decision), told (the last leader has it: the coordinator's answers
+        sent), started (the new generation's groups rebuilt on the store's shards, a newcomer's state
+        received: the step starts again), committed (the redone step committed: recovery_s). Then
+        rebuild_s (told to started), redo_s (started to
+        committed: the step in flight, redone) and control_s: from when the loss is known and the
+        survivors are at the boundary to the new generation's start (what detection after the
+        boundary, the report, the decision and the rebuild add; the step's own work is not in it)."""
+        if self.t_fail is None or self.first_after is None:
+            return {}
+        at = {"detected": None if self.detected is None else self.t_fail + self.detected, **self.phase,
+              "committed": self.first_after}
+        out = {k: round(v - self.t_fail, 3) for k, v in at.items() if v is not None}
+        if "told" in at and "started" in at:
+            out["rebuild_s"] = round(at["started"] - at["told"], 3)
+            out["redo_s"] = round(self.first_after - at["started"], 3)
+            known = max(x for x in (at["detected"], at.get("boundary"), self.t_fail) if x is not None)
+            out["control_s"] = round(at["started"] - known, 3)
+        return out
+
     def result(self) -> dict:
         lat = sorted(self.lat) or [0.0]
         decisions = self.coord.history
@@ -714,6 +755,8 @@ class Sim:
             out["recovery_s"] = None if self.first_after is None else round(self.first_after - self.t_fail, 3)
             # how much later the first step the new generation commits does than it would have without
             # the failure (the time the run lost): from the first generation's last commit, less a step each
+            out["phases"] = self.phases()
+            out["control_s"] = out["phases"].get("control_s")
             out["delay_s"] = None if self.first_after is None else round(
                 self.first_after - self.before[1] - (self.first_after_step - self.before[0]) * self.step_s, 3)
         else:
@@ -880,8 +923,15 @@ def main() -> None:
     ap.add_argument("--configs", default="16k-128,100k-128,16k-8,100k-8")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides added to every configuration (e.g. failover.store_shards=1: one store server)")
+    ap.add_argument("--store-ops-s", type=float, default=None,
+                    help="each store shard's service rate (default: measured here; the plan's is "
+                         f"{goodput.STORE_OPS_S:g}): to compare runs on a loaded machine")
     a = ap.parse_args()
-    CONSTANTS["store_ops_s"] = measured_store_ops_s() or CONSTANTS["store_ops_s"]
+    for name in CONFIGS:
+        CONFIGS[name] = CONFIGS[name] + a.set
+    CONSTANTS["store_ops_s"] = a.store_ops_s or measured_store_ops_s() or CONSTANTS["store_ops_s"]
     rows = []
     for n in a.configs.split(","):
         for k in a.scenarios.split(","):
@@ -892,14 +942,23 @@ def main() -> None:
     if a.json:
         print(json.dumps({"constants": CONSTANTS, "scenarios": rows, "replays": replays}, indent=1))
         return
-    print("constants (stated; store_ops_s measured when torch is there):",
+    print("constants (stated; store_ops_s measured when torch is there, unless --store-ops-s):",
           ", ".join(f"{k}={v:g}" for k, v in CONSTANTS.items()))
     cols = ["config", "scenario", "ranks", "copies", "detected_s", "recovered", "recovery_s", "delay_s",
-            "survivors_released", "wait_bound_s", "max_wait_s", "steps_lost", "healthy_evicted", "commit_p50_s",
-            "commit_p99_s", "step_s"]
+            "control_s", "survivors_released", "wait_bound_s", "max_wait_s", "steps_lost", "healthy_evicted",
+            "commit_p50_s", "commit_p99_s", "step_s"]
     print(" ".join(f"{c:>15s}" for c in cols))
     for r in rows:
         print(" ".join(f"{_fmt(r.get(c)):>15s}" for c in cols))
+    print("where each recovery's time went (s from the fault; Sim.phases), store shards per config:",
+          {n: rundir.store_shards(plan_of(n).world_size, plan_of(n).spec.failover.store_shards)
+           for n in a.configs.split(",")})
+    keys = ["detected", "abort", "boundary", "decided", "told", "started", "committed", "rebuild_s", "redo_s",
+            "control_s"]
+    print(" ".join(f"{c:>10s}" for c in ["config", "scenario"] + keys))
+    for r in rows:
+        if r.get("phases"):
+            print(" ".join(f"{_fmt(x):>10s}" for x in [r["config"], r["scenario"]] + [r["phases"].get(k) for k in keys]))
     for r in replays:
         print(json.dumps(r))
 

@@ -40,6 +40,8 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
         assert r["generations"] >= 1 and r["detected_s"] is not None
         # the failure is decided within the ladder's waits (a deadline, not a speed), and only then recovered
         assert r["detected_s"] <= r["wait_bound_s"] and r["detected_s"] <= r["recovery_s"], r
+        p = r["phases"]  # where the time went, in the order it goes, ending at the recovery
+        assert p["detected"] <= p["decided"] <= p["told"] <= p["started"] <= p["committed"] == r["recovery_s"], p
     assert r["max_wait_s"] <= r["wait_bound_s"], r  # no wait without end: no leader waited past the ladder
     if kind in ("node", "hang", "two", "flap", "partition"):  # known lost (its leader's connection unanswered,
         assert r["survivors_released"] == "abort", r  # its beats stalled): aborted, not timed out

@@ -2,7 +2,8 @@
 processes, parameters and optimizer state, re-form across copies and redo only the step in
 flight (no checkpoint is read); a warm spare restores DP with a healthy copy's state; a node
 that comes back joins at a step boundary. Real processes, gloo, the job's store and the
-coordinator; losses against an uninterrupted single-process run."""
+coordinator (its store on two shards: each copy's world on its copy's, each cross-copy group on its
+position's); losses against an uninterrupted single-process run."""
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import failovers, losses_by_step, run_cli, samples_read
 
 COMMON = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.seq_len=64",
           "training.global_batch=16", "layout.dp=4", "layout.dp_shard=2", "hardware.gpus_per_node=2",
-          "failover.quorum_s=5"]
+          "failover.quorum_s=5", "failover.store_shards=2"]  # the job's store on two shards (#36; one: test_survival)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +102,73 @@ def test_a_hung_copy_is_aborted_on_knowledge_not_on_the_collective_timeout(tmp_p
     got = losses_by_step(run)
     assert [got[s] for s in range(8)] == pytest.approx([uninterrupted[s] for s in range(8)], rel=1e-5)
     assert samples_read(run) == list(range(8 * 16))
+
+
+def test_the_store_shards_hold_each_group_whole_and_every_shard_serves(monkeypatch):
+    """#36: the job's store as the launchers start it with three shards (train/rendezvous.py). Two
+    ranks at the same position of copies 0 and 1 (each with its own JobStores, as two processes)
+    build their cross-copy group and all-reduce through it: every key of one group lands on one
+    shard, the group's shard (the members found each other there), the four groups use every
+    shard, and a fresh interpreter maps each group to the same shard. The abort key the coordinator
+    sets reaches both ranks' watchers, on their own copies' shards."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from conftest import ROOT
+    from orchestrator import rundir
+    from orchestrator.train.replicas import JobStores, Replicas
+
+    monkeypatch.setenv(rundir.ENV_JOB, "jobtest")
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "0")  # build() sets it: restored after the test
+    server = subprocess.Popen([sys.executable, "-m", "orchestrator.train.rendezvous", "0", "127.0.0.1", "3"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        ports = server.stdout.readline().split()
+        assert len(ports) == 3
+        value = ",".join(f"127.0.0.1:{p}" for p in ports)
+        raw = [dist.TCPStore("127.0.0.1", int(p), is_master=False, timeout=timedelta(seconds=30)) for p in ports]
+        positions, used = range(4), set()
+        ranks = {}
+        for p in positions:
+            before = [s.num_keys() for s in raw]
+            reps = [Replicas(JobStores(value), None, copy, p, 4, timeout_s=30.0, copies=[0, 1]) for copy in (0, 1)]
+            ranks[p] = reps
+            sums, errors = {}, []
+
+            def member(r):
+                try:
+                    r.build(p, [0, 1])
+                    t = torch.tensor([float(r.copy + 1)])
+                    r.all_reduce(r.replica, t)
+                    sums[r.copy] = t.item()
+                except Exception as e:  # noqa: BLE001 (said by the assertion below)
+                    errors.append(e)
+            threads = [threading.Thread(target=member, args=(r,)) for r in reps]
+            [t.start() for t in threads]
+            [t.join(60) for t in threads]
+            assert not errors and sums == {0: 3.0, 1: 3.0}, (errors, sums)
+            grew = [i for i, s in enumerate(raw) if s.num_keys() > before[i]]
+            assert grew == [reps[0].stores.of_position(p)], (p, grew)  # one shard holds the whole group
+            used.update(grew)
+        assert used == {0, 1, 2}
+        fresh = subprocess.run([sys.executable, "-c", "from orchestrator import rundir; "
+                                "print([rundir.store_shard(p, 3) for p in range(4)])"], cwd=ROOT,
+                               capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "7"})
+        assert fresh.stdout.strip() == str([ranks[p][0].stores.of_position(p) for p in positions]), fresh.stderr
+        server.stdin.write(f"set jobtest/{rundir.abort_key(0)} [5]\n")
+        server.stdin.flush()
+        for r in ranks[0]:  # copies 0 and 1: watching shards 0 and 1
+            assert r._aborted_within(0, 30.0) and r.lost_by_abort == [5]
+        for reps in ranks.values():
+            for r in reps:
+                r.finish()
+                r.drop()
+    finally:
+        server.kill()
+        server.wait()

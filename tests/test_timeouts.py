@@ -61,6 +61,13 @@ def test_plan_md_prints_the_ladder_and_the_goodput(tmp_path):
     slurm = plan_of("recipe=llama3_405b", "launcher=slurm", "failover.lease_s=20")
     write_plan(slurm, tmp_path / "slurm", figures=False)
     assert "standby on the last node takes over when the lease expires (20" in (tmp_path / "slurm" / "plan.md").read_text()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import failover_sim
+
+    copies = plan_of(*failover_sim.CONFIGS["16k-128"], "launcher=slurm")  # 16k ranks, 128 copies in place
+    write_plan(copies, tmp_path / "copies", figures=False)
+    md = (tmp_path / "copies" / "plan.md").read_text()
+    assert "rebuilds its cross-copy groups through the job's store, 4 shards at once" in md, md  # 16,384 / 4,096
 
 
 def test_the_slurm_supervisor_settles_by_the_plans_window(tmp_path):

@@ -499,6 +499,10 @@ class FailoverConfig:
     # often. None: max(LEASE_FLOOR_S, LEASE_RENEWALS x launcher.poll_s) (plan/timeouts.py): a few
     # renewals may miss (a shared file system's hiccup) before anyone takes over.
     lease_s: Optional[float] = None
+    # The job's store runs this many shards (TCPStore servers; None: one per 4,096 ranks,
+    # rundir.store_shards): each group's keys live on one shard, so a generation's rebuild of its
+    # cross-copy groups runs on all of them at once (train/replicas.py, plan/goodput.rebuild_s).
+    store_shards: Optional[int] = None
     # A straggler: a copy whose own work in a step (before it waits on the other copies) took more
     # than straggler_margin x the copies' median for straggler_steps steps in a row (steps its copy
     # spent saving a checkpoint are not counted). It is named in status.json, TensorBoard and

@@ -391,23 +391,25 @@ def bind_address(host: str) -> str:
 class JobServices:
     """What a run with several copies of the state needs beside its ranks: the job's
     rendezvous store (a process of its own, orchestrator.train.rendezvous, so it outlives any
-    rank), the coordinator on a TCP port, and the job's secret (RUN_DIR/control.key, 0600).
-    `env` is what every rank needs to find them (the secret by its file, not its value)."""
+    rank; `shards` TCPStore servers, rundir.store_shards), the coordinator on a TCP port, and the
+    job's secret (RUN_DIR/control.key, 0600). `env` is what every rank needs to find them (the
+    secret by its file, not its value)."""
 
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float, host: str,
-                 run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None, stragglers=None):
+                 run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None, stragglers=None,
+                 shards: int = 1):
         self.run_dir, self.say = Path(run_dir or plan_dir), say or (lambda text: print(text, flush=True))
         bind = bind_address(host)
         key_file = wire.make_secret(self.run_dir)
-        self.rendezvous = subprocess.Popen([sys.executable, "-m", "orchestrator.train.rendezvous", "0", bind],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        port = int(self.rendezvous.stdout.readline())
+        self.rendezvous = subprocess.Popen([sys.executable, "-m", "orchestrator.train.rendezvous", "0", bind,
+                                            str(shards)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ports = [int(p) for p in self.rendezvous.stdout.readline().split()]
         self.job = f"job{os.environ.get('SLURM_JOB_ID') or secrets.token_hex(4)}.{secrets.token_hex(2)}"
         self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s,
                                        stragglers=stragglers, abort=self._abort)
         self.reported = 0
         self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
-        self.env = {rundir.ENV_STORE: f"{bind}:{port}", rundir.ENV_CONTROL: self.server.address(bind),
+        self.env = {rundir.ENV_STORE: ",".join(f"{bind}:{port}" for port in ports), rundir.ENV_CONTROL: self.server.address(bind),
                     wire.KEY_ENV: str(key_file), rundir.ENV_JOB: self.job}
         from orchestrator.launch.status import write_status
 
@@ -415,8 +417,8 @@ class JobServices:
 
     def _abort(self, gen: int, dead: list[int]) -> None:
         """Wake every rank of generation `gen` out of its cross-copy collectives: the store sets the
-        generation's abort key (rundir.abort_key; train/rendezvous.py sets it, train/replicas.py watches
-        it), naming the copies lost."""
+        generation's abort key on every shard (rundir.abort_key; train/rendezvous.py sets it,
+        train/replicas.py watches it on its copy's shard), naming the copies lost."""
         import json
 
         try:

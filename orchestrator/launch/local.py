@@ -124,7 +124,8 @@ class LocalWorkers(Workers):
         self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir), policy.decide,
                                     fo.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
                                     commit_timeout_s=fo.timeout_s, say=self.say,
-                                    stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps))
+                                    stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps),
+                                    shards=rundir.store_shards(policy.plan.world_size, fo.store_shards))
         self.coordinator = self.services.coordinator
         return self.services.env
 

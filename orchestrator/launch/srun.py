@@ -166,7 +166,8 @@ class SrunWorkers(Workers):
             self.services = JobServices(list(range(policy.plan.layout.dp_replicate)), str(plan_dir),
                                         policy.decide, fo.quorum_s, host=socket.gethostname(),
                                         run_dir=str(self.run_dir), commit_timeout_s=fo.timeout_s,
-                                        stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps))
+                                        stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps),
+                                        shards=rundir.store_shards(policy.plan.world_size, fo.store_shards))
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)

@@ -30,7 +30,8 @@ anyway), then
                boundary of the step the change begins in
 
 and then the generation's groups are rebuilt (REBUILD_STORE_OPS per rank through the job's
-store, train/replicas.py) and the step in flight (the one the change began in) is redone. A restart from the last checkpoint
+store, train/replicas.py; its shards serve their groups at once: rebuild_s) and the step in
+flight (the one the change began in) is redone. A restart from the last checkpoint
 (not in place, no warm spare left to take over, or the supervisor's node lost) costs the same
 wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone.
 The supervisor's node lost (supervisor_lost_s) costs, on SLURM with more than one node, the lease
@@ -90,6 +91,28 @@ REPAIR_S = 4 * 3600.0  # a failed node is back in service (as a spare) after thi
 SPARE_MISS = 0.05  # the pool is sized so that a failure finds no spare at most this often
 SNAPSHOT_GBPS = 50.0  # GB/s per GPU to copy its state into pinned host memory (PCIe 5 x16), the blocking part
 PEER_READ_GBPS = 25.0  # GB/s per GPU to read a peer node's host-memory snapshot back over the network
+
+
+def rebuild_s(copies: int, copy_size: int, shards: int, ops_s: float = STORE_OPS_S) -> float:
+    """Seconds to rebuild a generation's cross-copy groups (train/replicas.py): `copy_size` groups of
+    `copies` members, REBUILD_STORE_OPS store operations a member, on the shard its group's keys live
+    on (rundir.store_shard). The shards serve at once: the busiest sets the time."""
+    from orchestrator.rundir import store_shard
+
+    per: dict[int, int] = {}
+    for p in range(max(1, copy_size)):
+        i = store_shard(p, max(1, shards))
+        per[i] = per.get(i, 0) + 1
+    return REBUILD_STORE_OPS * copies * max(per.values()) / ops_s
+
+
+def plan_rebuild_s(plan, ops_s: float = STORE_OPS_S) -> float:
+    """rebuild_s for a plan: its copies, their size and the store shards the launchers start."""
+    from orchestrator.rundir import store_shards
+
+    d = plan.layout
+    return rebuild_s(max(1, d.dp_replicate), d.tp * d.cp * d.pp * d.dp_shard,
+                     store_shards(plan.world_size, plan.spec.failover.store_shards), ops_s)
 
 
 def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
@@ -175,7 +198,7 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
         return {"in_place": in_place, "lost_per_failure_s": 0.0, "predicted_ettr": 1.0}
     mtbf_s = br["job_mtbf_hours"] * 3600.0
     shares, wait = mix_shares(mix), waits(plan)
-    rebuild = REBUILD_STORE_OPS * plan.world_size / STORE_OPS_S
+    rebuild = plan_rebuild_s(plan)
     kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
     spares, spares_from = spare_copies(plan)
     p_empty = no_spare_chance(spares, REPAIR_S / mtbf_s) if in_place else 1.0

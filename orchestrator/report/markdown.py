@@ -185,6 +185,14 @@ def _blast(plan) -> list[str]:
         L.append("  failover timeouts:")
         lc = plan.spec.launcher
         L += ["  " + x for x in lines(br["timeouts"], lc.node_fail_wait_s if lc.name.value == "slurm" else None)]
+        if plan.layout.dp_replicate > 1:  # in place: the rebuild that follows the abort (plan/goodput.rebuild_s)
+            from orchestrator.plan.goodput import plan_rebuild_s
+            from orchestrator.rundir import store_shards
+
+            k = store_shards(plan.world_size, plan.spec.failover.store_shards)
+            L.append(f"  - then the new generation rebuilds its cross-copy groups through the job's store, {k} "
+                     f"shard{'s' if k > 1 else ''} at once (failover.store_shards): ~{_fmt_s(plan_rebuild_s(plan))}, "
+                     f"and redoes the step in flight")
     return L
 
 

@@ -60,13 +60,36 @@ def rank_log(plan_dir: Path, rank: int) -> Path:
 # ---- the environment a launcher gives every rank --------------------------------------------
 ENV_RUN_DIR = "ORCH_RUN_DIR"  # the run directory (outputs shared by every attempt); default: the plan's dir
 ENV_ATTEMPT = "ORCH_ATTEMPT"  # the attempt number
-ENV_STORE = "ORCH_STORE"  # host:port of the job's TCP store
+ENV_STORE = "ORCH_STORE"  # host:port of each shard of the job's TCP store, comma-separated (store_shards)
 ENV_CONTROL = "ORCH_CONTROL"  # the coordinator's address (copies of the state, in-place failover)
 ENV_JOIN_COPY = "ORCH_JOIN_COPY"  # a warm spare or a returning node joins as this copy
 ENV_JOIN_NOW = "ORCH_JOIN_NOW"  # "1": join at once instead of at the next generation
 ENV_FORK_SERVER = "ORCH_FORK_SERVER"  # "0": one interpreter per rank instead of the fork server
 # (fault injection, fault.*, travels in plan.json: the rank reads it there, rundir/plan.py)
 ENV_JOB = "ORCH_JOB"  # the job's prefix for every key of the (unauthenticated) store
+
+
+RANKS_PER_STORE_SHARD = 4096  # the job's store runs one shard (a TCPStore server) per this many ranks
+
+
+def store_shards(world_size: int, override: int | None = None) -> int:
+    """How many shards the job's store runs (failover.store_shards, or one per RANKS_PER_STORE_SHARD
+    ranks): a generation's groups are rebuilt on all of them at once (train/replicas.py)."""
+    if override:
+        return max(1, int(override))
+    return max(1, math.ceil(world_size / RANKS_PER_STORE_SHARD))
+
+
+def store_shard(index: int, shards: int) -> int:
+    """The shard that holds every key of group `index` (a copy's own world: its copy number; a
+    cross-copy group: its position in the copy): the same in every process (no per-process hash),
+    and consecutive groups on consecutive shards, so a rebuild spreads over min(groups, shards)."""
+    return index % shards
+
+
+def store_addresses(value: str) -> list[str]:
+    """ENV_STORE's shards, in shard order."""
+    return [a for a in value.split(",") if a]
 
 
 def abort_key(gen: int) -> str:

@@ -10,8 +10,10 @@ through the copy leaders' commit messages (the coordinator answers with the tota
 more copies than the commit tree's fan-in they are summed on the way up a tree of leaders
 (train/tree.py): each leader then also serves an Aggregator for its children.
 When a copy is known lost, the coordinator aborts the survivors' pending cross-copy collectives
-at once (launch/control.py): it sets the generation's abort key in the job's store, which every
-rank watches on a connection of its own (one blocked `wait` a rank, nothing per step); a rank
+at once (launch/control.py): it sets the generation's abort key on every shard of the job's store,
+which every rank watches on its copy's shard, on a connection of its own (one blocked `wait` a rank,
+nothing per step; a TCPStore client serves one operation at a time, and the training thread's may be
+in a group's lazy connect; each server holds the watchers of its share of the copies); a rank
 waiting in a cross-copy collective (in slices, `_wait`) then leaves it as failed, and a rank
 whose own copy is named lost leaves the run (fenced: a copy declared lost never comes back as a
 zombie). The collective timeout stays the last resort, for a loss nobody noticed.
@@ -22,8 +24,13 @@ and the copy's leader asks the coordinator what the next generation is.
 Store traffic per rebuild (N ranks, R copies of N/R ranks): N/R groups of R members, made
 with gloo's lazy init (TORCH_GLOO_LAZY_INIT), so a rank publishes its address once and reads
 only the peers it talks to: ring all-reduce 2, the state broadcast 1 (R-1 for its root).
-About 3N store operations a rebuild, whatever R; gloo's full mesh would be N(R-1) reads.
-Every key is under the job's prefix (ORCH_JOB): the store cannot authenticate.
+About 3N store operations a rebuild, whatever R; gloo's full mesh would be N(R-1) reads. Only
+these groups are rebuilt (a copy's own world is not: a lost copy changes none of the others'). The
+store runs K shards (rundir.store_shards, one per ~4k ranks; failover.store_shards) and each group's
+keys live on its position's shard (rundir.store_shard), so the N/R groups rebuild on min(K, N/R)
+servers at once: 3R x ceil(N/R / K) operations on the busiest (plan/goodput.rebuild_s, which the
+plan and benchmarks/failover_sim.py charge). Every key is under the job's prefix (ORCH_JOB): the
+store cannot authenticate.
 """
 from __future__ import annotations
 
@@ -64,10 +71,44 @@ def connect_store(addr: str, timeout_s: float = 120.0) -> dist.Store:
             time.sleep(0.2)
 
 
+class JobStores:
+    """The job's store as one rank sees it: its shards (ENV_STORE, rundir.store_shards), a client
+    per shard this rank talks to, connected on first use. Every key of one group lives on one shard
+    (rundir.store_shard): a copy's own world on its copy's, a cross-copy group on its position's.
+    A rank talks to at most two shards (its copy's, its position's); with one shard, one client."""
+
+    def __init__(self, value: str):
+        self.addresses = rundir.store_addresses(value)
+        self.clients: dict[int, dist.Store] = {}
+
+    @property
+    def shards(self) -> int:
+        return len(self.addresses)
+
+    def shard(self, i: int) -> dist.Store:
+        if i not in self.clients:
+            self.clients[i] = connect_store(self.addresses[i])
+        return self.clients[i]
+
+    def of_copy(self, copy: int) -> int:
+        """The shard of copy `copy`'s own world (and of its ranks' abort watchers)."""
+        return rundir.store_shard(copy, self.shards)
+
+    def of_position(self, local: int) -> int:
+        """The shard of the cross-copy group of the ranks at position `local` in every copy."""
+        return rundir.store_shard(local, self.shards)
+
+    def for_copy(self, copy: int) -> dist.Store:
+        return self.shard(self.of_copy(copy))
+
+    def for_position(self, local: int) -> dist.Store:
+        return self.shard(self.of_position(local))
+
+
 class Replicas:
-    def __init__(self, store: dist.TCPStore, control: str | None, copy: int, local_rank: int, copy_size: int,
+    def __init__(self, stores: JobStores | None, control: str | None, copy: int, local_rank: int, copy_size: int,
                  timeout_s: float, copies: list[int]):
-        self.store, self.copy, self.local, self.size = store, copy, local_rank, copy_size
+        self.stores, self.copy, self.local, self.size = stores, copy, local_rank, copy_size
         self.timeout_s, self.timeout = timeout_s, timedelta(seconds=timeout_s)
         self.gen, self.copies = -1, list(copies)
         self.replica = None
@@ -82,9 +123,9 @@ class Replicas:
         self._gen_changed = threading.Event()
         self._done = False
         self.on_fenced = None  # called before a fenced rank leaves
-        addr = os.environ.get(rundir.ENV_STORE)
-        if addr:
-            threading.Thread(target=self._watch_aborts, args=(addr,), name="abort-watch", daemon=True).start()
+        if stores is not None:  # watched on its copy's shard (the abort key is set on every shard)
+            threading.Thread(target=self._watch_aborts, args=(stores.addresses[stores.of_copy(copy)],),
+                             name="abort-watch", daemon=True).start()
         if control and local_rank == 0:  # the copy's leader speaks for it
             self.client = wire.Client(control, wire.env_secret())
             self.k = tree.fan_in(len(copies))
@@ -220,7 +261,7 @@ class Replicas:
         self.drop()
         self.tree_for(gen, copies)
         os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # pairs connect on first use: O(peers used) store reads
-        rep = dist.PrefixStore(f"gen{gen}/replica{self.local}", self.store)
+        rep = dist.PrefixStore(f"gen{gen}/replica{self.local}", self.stores.for_position(self.local))
         self.replica = dist.ProcessGroupGloo(rep, self.index, len(self.copies), self.timeout)
 
     def drop(self) -> None:

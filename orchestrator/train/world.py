@@ -3,7 +3,7 @@
 With one copy of the model state (layout.dp_shard = dp, the default) the world is the
 whole job, started the usual way (RANK, WORLD_SIZE, MASTER_ADDR), and the meshes are the
 plan's grids. With several copies each copy is its own torch world, initialised through
-the job's store (ORCH_STORE) under its own prefix, with a mesh over its own ranks
+the job's store (ORCH_STORE; its copy's shard) under its own prefix, with a mesh over its own ranks
 (pp, dps, cp, tp); what crosses copies belongs to train/replicas.py. On a GPU the groups
 carry host scalars over a cpu:gloo side backend (`backend_for`, `host_reduce`).
 """
@@ -66,8 +66,8 @@ def init(plan: RunPlan, backend: str, device_type: str, place: Place | None, sto
             dist.init_process_group(backend)
         return meshes_from_plan(plan, device_type)
     size = int(np.prod(copy_shape(plan.layout)))
-    dist.init_process_group(backend, store=dist.PrefixStore(f"copy{place.copy}", store), rank=place.local,
-                            world_size=size)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"copy{place.copy}", store.for_copy(place.copy)),
+                            rank=place.local, world_size=size)
     mesh = torch.arange(size).reshape(copy_shape(plan.layout))
     return {"dense": DeviceMesh(device_type, mesh, mesh_dim_names=COPY_DIMS)}
 
@@ -97,13 +97,14 @@ def host_gather(values: list[float], group=None) -> list[list[float]]:
 
 
 def env_store():
-    """The job's store, when the launcher runs one (several copies of the state)."""
+    """The job's store (its shards: train/replicas.JobStores), when the launcher runs one (several
+    copies of the state)."""
     addr = os.environ.get(rundir.ENV_STORE)
     if not addr:
         return None
-    from orchestrator.train.replicas import connect_store
+    from orchestrator.train.replicas import JobStores
 
-    return connect_store(addr)
+    return JobStores(addr)
 
 
 def world_rank(plan: RunPlan, index: int, coords: dict) -> int:
