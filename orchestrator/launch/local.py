@@ -87,7 +87,7 @@ class LocalWorkers(Workers):
         self.deadline = progress.deadline_s(plan, self.spec.failover)
         self.stall = ladder.get("stall_s")  # ranks waiting in the cross-copy collective on one that stopped
         self.fence: tuple | None = None  # (node, until): a hung node's ranks, killed once the survivors moved on
-        self.fenced: set[int] = set()  # copies declared lost here (their ranks leave or are killed: expected)
+        self.fenced_copies: set[int] = set()  # copies declared lost here (their ranks leave or are killed: expected)
         self.settle = ladder["settle_s"]  # failures this close together are one recovery (< quorum)
         self.hang: tuple | None = None  # (node, what) of a rank found hung
         gpn = self.spec.hardware.gpus_per_node
@@ -176,7 +176,7 @@ class LocalWorkers(Workers):
             self.lost += [node] if node not in self.lost else []  # killed once the others moved on (bounded)
             self.policy.detected = time.time()
             self.coordinator.lost(copies)
-            self.fenced |= set(copies)
+            self.fenced_copies |= set(copies)
             self.fence = (node, self.coordinator.current.gen, time.monotonic() + self.spec.failover.quorum_s + 5)
             return
         self.job.kill_node(node)
@@ -234,7 +234,7 @@ class LocalWorkers(Workers):
         first = None
         while True:
             self._inject()
-            dropped |= self.fenced  # a hung node's copies, declared lost: their exits are expected
+            dropped |= self.fenced_copies  # a hung node's copies, declared lost: their exits are expected
             self.policy.poll()
             for slot, p in enumerate(self.job.procs):
                 code = p.poll()
