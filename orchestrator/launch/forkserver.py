@@ -218,16 +218,9 @@ def _child(sock: socket.socket, out: int, req: dict) -> None:
         traceback.print_exc()
         code = 1
     finally:
-        try:
-            import atexit
-            import gc
+        from orchestrator import rundir
 
-            atexit._run_exitfuncs()  # what a normal interpreter exit would run (torch's, logging's)
-            gc.collect()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        rundir.exit_now(code)  # what a normal interpreter exit would run (torch's, logging's), less its teardown
 
 
 if __name__ == "__main__":

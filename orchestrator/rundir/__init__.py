@@ -121,6 +121,27 @@ class RankExit(Exception):
         self.status, self.message = status, message
 
 
+def exit_now(status: int) -> None:
+    """End this process with `status` as a normal exit would, less the interpreter's teardown: the
+    exit functions run (logging's flush, torch's) and a collection, then os._exit. The teardown
+    (C++ static destructors, a store's or gloo's threads ended while a late signal lands) can abort
+    a rank that finished its work ('terminate called without an active exception', status 134),
+    and its status is what the launchers read (SLURM requeues on it). The ranks' one way out
+    (train/worker.py's entry point, launch/forkserver.py's children)."""
+    import atexit
+    import gc
+    import os
+    import sys
+
+    try:
+        atexit._run_exitfuncs()
+        gc.collect()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status)
+
+
 # ---- rank log lines -------------------------------------------------------------------------
 RANK_LOG_FORMAT = "[rank {rank}] %(levelname)s %(message)s"  # logs/rank<N>.log, one line a record
 _RANK_PREFIX = re.compile(r"^\[rank \d+\] (?:INFO )?")

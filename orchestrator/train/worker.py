@@ -9,7 +9,7 @@ SLURM sends first when it preempts a job.
 The rank logs through `logging` (logger "orchestrator", set up here once): one line a record,
 `[rank N] LEVEL message`, on stdout, which the launchers write to logs/rank<N>.log (the local
 launcher's pipe, srun's --output). A rank ends with an exit status only here: what stops it
-inside raises rundir.RankExit.
+inside raises rundir.RankExit; it leaves through rundir.exit_now (no interpreter teardown).
 """
 from __future__ import annotations
 
@@ -93,5 +93,19 @@ def main() -> None:
     sys.exit(EXIT_STOPPED if history.get("stopped") else EXIT_OK)
 
 
+def run() -> None:
+    """The entry point: main(), and out with the status it decided (finished, stopped, dismissed, or a
+    RankExit's) through rundir.exit_now, skipping the interpreter's teardown that can abort a rank
+    that finished its work. A rank that crashed (main re-raises its error) dies as Python ends it:
+    traceback, teardown, status 1, after its crashed beat, which the SLURM supervisor reads while
+    the step still runs (its step stopped at once)."""
+    try:
+        main()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            rundir.exit_now(e.code or 0)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    run()
