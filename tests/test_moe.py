@@ -114,7 +114,7 @@ def test_contract_command_trains_and_checkpoints_reshard_across_ep(tmp_path, ref
     EP2 and without EP, and both go on exactly as the uninterrupted run."""
     ckpt = tmp_path / "ckpt"
     r = run(tmp_path, "contract", "cluster.nodes=2", "hardware.gpus_per_node=4", "layout.ep=4", "layout.pp=2",
-            "training.steps=6", "training.checkpoint.every=2", "training.checkpoint.keep=10",
+            "training.steps=4", "training.checkpoint.every=2", "training.checkpoint.keep=10",
             f"training.checkpoint.dir={ckpt}")
     assert "EP4" in r.stdout
     _same(metrics(tmp_path, "contract")["loss"], reference)
@@ -158,17 +158,16 @@ def test_experts_sharded_over_edp_match_and_report_load_and_traffic(tmp_path, re
         assert mean == pytest.approx(ep["bytes_per_step"], rel=0.15), (mean, ep["bytes_per_step"])
 
 
-def test_auxiliary_balance_loss_over_sequence_shards_matches_single_process(tmp_path):
+def test_auxiliary_balance_loss_over_sequence_shards_matches_single_process(tmp_path, reference):
     """The sequence-wise balance loss sums its statistics over the sequence's TP and CP shards."""
-    aux = ["model.moe.aux_loss_coef=0.5", "model.moe.bias_update_speed=0", "training.steps=3"]
+    aux = ["model.moe.aux_loss_coef=0.5", "training.steps=3"]  # the file's model and data, an auxiliary loss added
     run(tmp_path, "single", "cluster.nodes=1", "hardware.gpus_per_node=1", *aux)
     run(tmp_path, "tp2_cp2_ep4", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.etp=1",
         "layout.cp=2", "layout.ep=4", *aux)
     ref, got = metrics(tmp_path, "single")["loss"], metrics(tmp_path, "tp2_cp2_ep4")["loss"]
     _same(got, ref)
-    free = [m for m in ("model.moe.aux_loss_coef=0", "model.moe.bias_update_speed=0", "training.steps=3")]
-    run(tmp_path, "without", "cluster.nodes=1", "hardware.gpus_per_node=1", *free)
-    assert metrics(tmp_path, "without")["loss"][1:] != pytest.approx(ref[1:], rel=1e-5)  # the loss acts
+    # the loss acts: the same run without it (the file's reference: aux_loss_coef 0, all else equal) differs
+    assert reference[1:3] != pytest.approx(ref[1:], rel=1e-5)
 
 
 def test_node_loss_keeps_ep_on_the_survivors(tmp_path, reference):
@@ -208,18 +207,3 @@ def test_runtime_refuses_what_it_does_not_run_before_launch(tmp_path, name, over
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     assert problem in r.stdout + r.stderr
     assert not (tmp_path / name / "run" / "logs").exists()
-
-
-DENSE = ["hardware=cpu", "model=tiny", "launcher=local", "figures=false", "training.adam_eps=0.01",
-         "model.mlp=gelu", "model.tied_embeddings=true", "training.steps=4"]
-
-
-def test_gelu_and_tied_embeddings_under_tensor_parallelism(tmp_path):
-    out = {}
-    for name, layout in (("single", ["cluster.nodes=1", "hardware.gpus_per_node=1"]),
-                         ("tp2", ["cluster.nodes=1", "hardware.gpus_per_node=2", "layout.tp=2"])):
-        r = run_cli([*DENSE, *layout], tmp_path / name, timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        out[name] = metrics(tmp_path, name)["loss"]
-    _same(out["tp2"], out["single"])
-    assert out["single"][-1] < out["single"][0]

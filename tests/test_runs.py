@@ -4,6 +4,8 @@ A run is started in the background, cancelled once it has saved a checkpoint, fo
 `list`, explained by `status`, and continued by `resume` with its own configuration; the
 continued run's losses are the uninterrupted run's."""
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +32,12 @@ def test_a_cancelled_local_run_is_listed_explained_and_resumed(tmp_path, tiny_lo
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (run / "checkpoints" / "step_00000004" / "COMPLETE").exists():
         time.sleep(0.2)
+    from test_robustness import _ranks_of
+
+    ranks = _ranks_of(p.pid)
+    assert len(ranks) == 2, ranks
+    for pid in ranks:  # held where they are: the cancel cannot lose a race with the run's last steps
+        os.kill(pid, signal.SIGSTOP)  # (the launcher's SIGKILL ends a stopped process)
     r = runs("cancel", str(run))
     assert r.returncode == 0 and "stopped the local launcher" in r.stdout, r.stdout + r.stderr
     p.communicate(timeout=60)
