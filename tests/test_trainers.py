@@ -455,9 +455,9 @@ def _uninterrupted(plan_json: dict, steps: int, lr: float) -> list[float]:
 def test_the_example_trains_under_trainer_command_through_a_node_loss(cli):
     import json
 
-    steps = 10
+    steps = 16  # node 1 killed after step 5: 11 steps of margin for the launcher's kill to land before the end
     r = cli("hardware=cpu", "cluster.nodes=2", "hardware.gpus_per_node=2", "model=tiny", f"training.steps={steps}",
-            "training.global_batch=8", "training.checkpoint.every=2", "launcher=local", "figures=false",
+            "training.global_batch=8", "training.checkpoint.every=4", "launcher=local", "figures=false",
             "trainer=command", "trainer.command='python examples/train_fsdp.py --lr 1e-2'",
             "fault.kill_node=1", "fault.at_step=5", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

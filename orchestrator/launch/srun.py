@@ -48,7 +48,11 @@ from orchestrator.train import keeper
 
 
 def master_port(job: str, attempt: int) -> str:
-    return str(15000 + (int(job) * 7 + attempt) % 20000)
+    """The attempt's rendezvous port on its first host: from the job and attempt (every task computes
+    the same), in 20000-31999, below Linux's ephemeral range (32768-60999) where any process's
+    outgoing connection or port-0 listener may already hold it (the master rank then cannot listen,
+    EADDRINUSE, and its peers wait on whatever answers there), and above SLURM's own daemons' ports."""
+    return str(20000 + (int(job) * 7 + attempt) % 12000)
 
 
 def step_env(hosts: list[str], port: str) -> dict[str, str]:
