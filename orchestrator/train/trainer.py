@@ -80,7 +80,7 @@ class Trainer:
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
         self._pending_snapshot = None  # a memory snapshot in flight (checkpoint.PendingSnapshot)
-        self._kept = None  # a re-formed step's own gradients kept: {step, terms, idx} (the commit's answer said so)
+        self._kept = None  # a re-formed step's own gradients kept: {step, terms, dp_rank} (the answer said so)
         self._recover = None  # the recovery pass the new generation runs for the step in flight (reform)
         self._loss_scale = 1.0  # what the pipeline schedule's loss is multiplied by (its micro-batches' weight)
         self._snapshot_warned: set = set()
@@ -250,7 +250,8 @@ class Trainer:
 
     def train_step(self, step: int) -> float | None:
         """One optimizer step over this rank's share of the global batch; the mean loss, or None
-        when the copies re-formed instead (the step is then redone by the new generation)."""
+        when the copies re-formed instead (the new generation then finishes the step: from the kept
+        gradients with only the lost copies' micro-batches recomputed, `_recompute`, or redone whole)."""
         t0 = time.perf_counter()
         self._slow_if_injected(step)
         rec, self._recover = self._recover, None
@@ -390,7 +391,7 @@ class Trainer:
             return answer["loss"]
         self._kept = None
         if answer.get("kept"):  # this copy's own gradients of the step (never the average) stay for the pass
-            self._kept = {"step": step, "terms": self._loss_terms(local), "dp_rank": self.dp_rank, "dp": self.lay["dp"]}
+            self._kept = {"step": step, "terms": self._loss_terms(local), "dp_rank": self.dp_rank}
         else:
             for opt in self.opts:
                 opt.zero_grad(set_to_none=True)
@@ -512,7 +513,7 @@ class Trainer:
             self._saving = pending is not None  # an asynchronous save in flight shares this copy's step
             loss = profiler.run(step, lambda: self.train_step(step))
             if loss is None:
-                continue  # re-formed: the new generation redoes this step
+                continue  # re-formed: the new generation finishes this step (kept gradients) or redoes it
             dt = time.perf_counter() - t0
             world.beat(self.run_dir, step, "end", self.rank)
             self._record(metrics, step, loss, dt, profiler.profiled(step))
