@@ -77,20 +77,23 @@ def test_a_lost_node_drops_its_copy_in_place_and_a_node_back_rejoins(tmp_path, u
 
 
 def test_a_warm_spare_takes_the_lost_copy_and_dp_stays(tmp_path, uninterrupted):
-    """Copies of two pipeline stages (PP2, no FSDP): the spare receives copy 0's state, then it and
-    copy 0 recompute the lost copy's 8 micro-batches, 4 each, on a 4-micro-batch 1F1B schedule of
-    their own over the same stages, onto copy 0's kept gradients (the spare's are zeros)."""
-    r = run_cli([*COMMON, "layout.dp=2", "layout.dp_shard=1", "layout.pp=2", "cluster.nodes=2",
-                 "cluster.spare_nodes=1", "training.steps=8", "fault.kill_node=1", "fault.at_step=3"],
-                tmp_path, timeout=900)
+    """Copies of two pipeline stages (PP2 on one node each, no FSDP; micro-batches of 4 samples, 4 a
+    step): the spare receives copy 0's state, then it and copy 0 recompute the lost copy's 2
+    micro-batches, 1 each, onto copy 0's kept gradients (the spare's are zeros), on a 1F1B schedule of
+    their own over the same stages: torch's takes no fewer micro-batches than stages, so 2, one padding."""
+    r = run_cli([*COMMON, "layout.dp=2", "layout.dp_shard=1", "layout.pp=2", "layout.order=[pp,dp]",
+                 "training.micro_batch=4", "cluster.nodes=2", "cluster.spare_nodes=1", "training.steps=8",
+                 "fault.kill_node=1", "fault.at_step=3"], tmp_path, timeout=900)
     run = tmp_path / "run"
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (event,) = failovers(run)
     assert event["mode"] == "spare" and event["copies_new"] == [2] and event["new_layout"]["dp"] == 2
     assert event["new_layout"]["pp"] == 2
     assert (event["redo"], event["microbatches_recomputed"], event["microbatches_recomputed_per_rank"]) == (
-        "kept", 8, 4), event
+        "kept", 2, 1), event
     assert "received the state of copy 0" in r.stdout
+    log0 = (run / "logs" / "rank0.log").read_text()
+    assert "the recovery pass runs 2 micro-batches on Schedule1F1B" in log0 and "1 of them padding" in log0, log0
     got = losses_by_step(run)
     assert [got[s] for s in range(8)] == pytest.approx([uninterrupted[s] for s in range(8)], rel=1e-5)
     assert samples_read(run) == list(range(8 * 16))

@@ -311,9 +311,13 @@ class Trainer:
         if self.schedule is not None and run:
             from orchestrator.train.pipeline import build_schedule
 
+            asked = run
             schedule, _, run = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
                                               lambda out, y: loss_fn(out, y) * self._loss_scale, run,
                                               scale_grads=False)
+            if run > asked and self.leader:
+                log.info(f"the recovery pass runs {run} micro-batches on {type(schedule).__name__}, which takes no "
+                         f"fewer than {run} here: {run - asked} of them padding (labels ignored)")
             self._loss_scale = dp / M
         total = self._microbatches(idx, run, len(rec["ids"]), dp / M, schedule) if run else (
             0.0 if self.has_last else None)
