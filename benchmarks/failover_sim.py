@@ -540,8 +540,8 @@ class Sim:
             self._configure(c, answer["gen"], answer["copies"])
             kept = answer.get("kept")
             if kept and (answer["gen"], answer["step"]) not in self.redo:  # the plan's definition of the work
-                lost = len([x for x in kept["copies"] if x not in answer["copies"]])
-                self.redo[(answer["gen"], answer["step"])] = goodput.recompute(self.plan, lost, len(answer["copies"]))
+                self.redo[(answer["gen"], answer["step"])] = goodput.recompute(self.plan, len(kept["lost"]),
+                                                                              len(answer["copies"]))
             new = c in answer["new"]
             state_s = self.plan.blast_radius["checkpoint_bytes"] / self.N / (CONSTANTS["state_gbps"] * 1e9) if new else 0.0
             # the groups rebuilt on the store's shards at once (the plan's definition: goodput.rebuild_s)

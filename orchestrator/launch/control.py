@@ -346,8 +346,10 @@ class Coordinator:
             self.current = Generation(self.current.gen + 1, list(decision.copies), decision.plan_dir, step)
             self.answer = {"op": "reform", "gen": self.current.gen, "copies": list(decision.copies),
                            "plan_dir": decision.plan_dir, "step": step, "new": list(decision.new)}
-            if decision.keep:  # the generation whose split of the step the survivors' gradients hold
-                self.answer["kept"] = {"copies": list(before.copies), "plan_dir": before.plan_dir}
+            if decision.keep:  # the old generation's split of the step (its plan) and where in it the lost were
+                gone = set(before.copies) - set(decision.copies)  # (positions, not the copies: the answer stays small)
+                self.answer["kept"] = {"lost": [i for i, c in enumerate(before.copies) if c in gone],
+                                       "plan_dir": before.plan_dir}
         else:
             self.answer = {"op": "exit", "reason": decision.reason, "gen": self.current.gen + 1}
             self.current = Generation(self.current.gen + 1, [], "", step)

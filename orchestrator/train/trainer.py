@@ -436,15 +436,14 @@ class Trainer:
                         "; the step in flight redone whole"))
 
     def _recovery(self, answer: dict, kept: dict, old_lay: dict) -> dict:
-        """This rank's recovery pass (every rank computes the same assignment from the old and the new
-        copy lists): the lost copies' micro-batches spread over the new generation's data ranks in
-        order (plan/split.py), and whether this rank holds its own gradients of the step."""
+        """This rank's recovery pass (every rank computes the same assignment from the old generation's
+        plan, the lost copies' places in it, and the new copy list): the lost copies' micro-batches
+        spread over the new generation's data ranks in order (plan/split.py), and whether this rank
+        holds its own gradients of the step (every copy of the new generation but the new ones)."""
         tr, step = self.spec.training, answer["step"]
         M = tr.global_batch // tr.micro_batch
-        before, after = kept["copies"], answer["copies"]
-        lost = lost_microbatches(M, old_lay["dp"], old_lay["dp_shard"],
-                                 [i for i, c in enumerate(before) if c not in after])
-        holds = self.place.copy in before and self.place.copy not in answer.get("new", [])
+        lost = lost_microbatches(M, old_lay["dp"], old_lay["dp_shard"], kept["lost"])
+        holds = self.place.copy not in answer.get("new", [])
         mine = self._kept
         if holds and (mine is None or mine["step"] != step):
             raise RankExit(EXIT_FAILED, f"copy {self.place.copy} holds no gradients of step {step} to keep "
