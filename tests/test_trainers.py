@@ -315,7 +315,7 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
             assert got["checkpoint"][2] == ck["every"], cid
     print(f"torchtitan {line}: {len(torchtitan_runs[line])} lines parsed and read back, {splits} stage splits, "
           f"{cps} CP methods")
-    assert splits >= 6 and cps >= 2
+    assert splits >= 6 and cps >= {"0.2": 2, "0.3": 1}[line]  # 0.2: all-gather and the ring; 0.3: all-gather
 
 
 def _plan_mesh_groups(p, pj: dict) -> dict[str, set]:
