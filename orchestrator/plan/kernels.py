@@ -57,7 +57,7 @@ elements moved per cast element, instead of the 2 per pass counted above): 4.35 
 the fitted elementwise weight doubling (1.9) to put the memory-bound time back.
 Not modelled, because no source here measures it: the attention kernel's speed per stack release.
 NeMo 24.03.01's long-context runs (nemo_long_context, evaluation only) are slower than predicted by
-0.32 to 0.42 of the predicted attention time on every row, 16K with no CP to 1M on CP32, when CP
+0.36 to 0.42 of the predicted attention time on every row, 16K with no CP to 1M on CP32, when CP
 is planned as the ring Megatron-Core runs (stack.cp_comm=p2p; conf/stack/megatron_core.yaml): the
 attention kernel of that release (Transformer Engine 1.4, cuDNN fused attention on sm90) ran at
 about 0.73 of the speed `attention_efficiency` is fitted to, within the 20-50% that Transformer
