@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.published.calibrate import evaluate, load_runs  # noqa: E402
+from orchestrator.published.calibrate import evaluate, load_runs, time_shares  # noqa: E402
 from orchestrator.plan.uncertainty import INTERVALS, coverage, coverage_by_regime, shipped_table  # noqa: E402
 
 
@@ -85,9 +85,43 @@ def main() -> None:
         if n:
             print(f"  {label:<32} mean absolute error {mae:.2f} points over {n} fitted-source rows, "
                   f"{within} of {n} within 5 points, median throughput error {_thr(tot[k]):.1f}%")
+    _systematic(ev)
     if ev.after_loso:
         _intervals(ev, args.write_intervals)
     print("\nfitted: " + ", ".join(f"{k} {v:.3f}" for k, v in ev.params.items()))
+
+
+def _systematic(ev) -> None:
+    """What the misses share: per source family and per regime, the signed median throughput
+    error (predicted / true - 1; leave one source out where the folds ran, else in sample) next
+    to where the predicted step goes. A miss that grows with one part's share (err / share
+    about constant across a family's rows) points at that part's physics."""
+    import statistics
+
+    from orchestrator.plan.uncertainty import regime
+
+    preds = ([p for ps in ev.after_loso.values() for p in ps] if ev.after_loso else list(ev.after))
+    preds = [p for p in preds if p.predicted and p.truth]
+    parts = ("attention", "cp", "dp_exposed", "pp_bubble", "tp", "ep")
+    print("\nsystematic residuals (" + ("leave one source out" if ev.after_loso else "in sample") +
+          "): signed median throughput error (%) and median share of the predicted step (%) in "
+          + ", ".join(parts) + "; err/attn: median error per unit attention share over rows with 30% or more")
+
+    def line(label: str, ps) -> None:
+        sh = [time_shares(p) for p in ps]
+        err = [p.predicted / p.truth - 1 for p in ps]
+        med = {k: 100 * statistics.median(s.get(k, 0.0) for s in sh) for k in parts}
+        heavy = [e / s["attention"] for e, s in zip(err, sh) if s.get("attention", 0.0) >= 0.3]
+        print(f"  {label:<24} {len(ps):>3} | {100 * statistics.median(err):+6.1f} | "
+              + " ".join(f"{med[k]:5.1f}" for k in parts)
+              + (f" | {statistics.median(heavy):+.2f} over {len(heavy)}" if heavy else ""))
+
+    for fam in sorted({p.row.family for p in preds}):
+        line(fam, [p for p in preds if p.row.family == fam])
+    for reg in ("dense", "cp", "moe"):
+        sel = [p for p in preds if regime(p.plan.spec, p.plan.layout) == reg]
+        if sel:
+            line("regime " + reg, sel)
 
 
 def _intervals(ev, write: bool) -> None:

@@ -2,7 +2,8 @@
 from them) on the command lines trainer=megatron renders, over the recipes and a spread of dense
 and MoE layouts on every GPU generation the presets name. Prints, per configuration, whether
 Megatron-LM accepts the line and reads back the plan's TP, PP, VP, CP, EP, ETP, DP, micro and
-global batch and layer split, then the count.
+global batch, layer split and, with CP, the CP communication (TransformerConfig.cp_comm_type, the
+method Transformer Engine's attention runs), then the count.
 
 Run: .venv/bin/python benchmarks/megatron_validate.py [MEGATRON_LM_CHECKOUT]   (or $MEGATRON_LM)
 Without a checkout it says so and exits 0. Megatron-LM runs in this process on the CPU, with:
@@ -61,7 +62,9 @@ TEMPLATES = [
     ["model=tiny_moe", "cluster.nodes=4", "layout.ep=16", "layout.tp=1", "model.moe.experts=32",
      "model.moe.max_nodes_per_token=1", "training.global_batch=128", "training.precision=fp8"],
 ]
-CONFIGS = RECIPES + [[f"hardware={hw}", *t] for hw in ARCH for t in TEMPLATES]
+# The CP methods besides the stack's default (p2p), read back as Transformer Engine will be given them
+CP_METHODS = [["hardware=h100_sxm", *TEMPLATES[10], f"stack.cp_comm={k}"] for k in ("all_gather", "a2a")]
+CONFIGS = RECIPES + [[f"hardware={hw}", *t] for hw in ARCH for t in TEMPLATES] + CP_METHODS
 
 
 def megatron(root: str):
@@ -97,7 +100,7 @@ def split_of(args) -> list[int]:
     return [args.num_layers // n] * n
 
 
-def readback(args, pj: dict) -> dict:
+def readback(args, config, pj: dict) -> dict:
     lay = pj["layout"]
     got = {"tp": args.tensor_model_parallel_size, "pp": args.pipeline_model_parallel_size,
            "vp": args.virtual_pipeline_model_parallel_size or 1, "cp": args.context_parallel_size,
@@ -107,6 +110,8 @@ def readback(args, pj: dict) -> dict:
     want["global_batch"] = pj["config"]["training"]["global_batch"]
     if lay["ep"] > 1:
         got["etp"], want["etp"] = args.expert_tensor_parallel_size, lay["etp"]
+    if lay["cp"] > 1:  # what TransformerConfig hands Transformer Engine's attention: the CP method planned
+        got["cp_comm"], want["cp_comm"] = config.cp_comm_type, pj["config"]["stack"]["cp_comm"]
     if lay["pp"] > 1:
         got["split"] = split_of(args)
         virtual = sorted((v for st in lay["stages"] for v in st["virtual"]), key=lambda v: v["stage"])
@@ -144,7 +149,7 @@ def check(arguments, gpt_config_from_args, overrides: list[str]) -> tuple[str, s
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             args = arguments.parse_args()
             arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
-            gpt_config_from_args(args)  # TransformerConfig.__post_init__: MLA, MoE, layout checks
+            config = gpt_config_from_args(args)  # TransformerConfig.__post_init__: MLA, MoE, layout checks
     except SystemExit:
         return "REFUSED (argparse)", out.getvalue()[-300:].replace("\n", " ")
     except Exception as e:  # noqa: BLE001 - Megatron refuses with asserts and ValueErrors
@@ -153,7 +158,7 @@ def check(arguments, gpt_config_from_args, overrides: list[str]) -> tuple[str, s
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
-    diff = readback(args, pj)
+    diff = readback(args, config, pj)
     key = "CUDA_DEVICE_MAX_CONNECTIONS"
     conn = (env[key] or "removed") if key in env else "left as inherited"
     return ("accepted" if not diff else "ACCEPTED, READ BACK DIFFERS"), \

@@ -154,6 +154,27 @@ def test_copies_left_go_on_in_place_one_copy_restarts_and_a_repeated_error_stops
     assert stuck.action == "stop" and stuck.exit_code == EXIT_NO_PROGRESS
 
 
+def test_the_step_in_flight_keeps_its_gradients_unless_the_copy_or_a_second_loss_says_otherwise():
+    """launch/inplace.keeps, the rule the coordinator's answer carries to every rank: 4 copies of one
+    rank, copy 1 lost at step 3 -> kept, its 4 micro-batches of 16 recomputed over the 3 survivors (2 +
+    1 + 1); two lost and a spare -> 8 over 3; the copy's layout changed (TP2 copies) or a second loss
+    before step 3 committed -> the whole step is redone, and the event says why."""
+    from orchestrator.launch.inplace import keeps
+    from orchestrator.plan.replan import replan_with
+
+    four = plan_of(*COMMON, "layout.dp_shard=1")
+    _, three, _, why = replan_with(four, 3, 3, 1)  # the survivors' plan, as the decision makes it (16 as 6+5+5)
+    assert why is None, why
+    assert keeps(four, three, [0, 1, 2, 3], [0, 2, 3], 3, None) == {"path": "kept", "why": "", "lost": 4,
+                                                                     "per_rank": 2}
+    assert keeps(four, three, [0, 1, 2, 3], [0, 3, 4], 3, None)["lost"] == 8  # copies 1 and 2 lost, spare 4 in
+    assert keeps(four, three, [0, 1, 2, 3], [0, 2, 3], 3, 3)["path"] == "step"  # the pass itself failed
+    assert keeps(four, three, [0, 1, 2, 3], [0, 2, 3], 3, 2)["path"] == "kept"  # an earlier step's recovery
+    tp2 = plan_of(*COMMON[:-1], "layout.dp=2", "layout.tp=2", "layout.dp_shard=1")
+    other = keeps(four, tp2, [0, 1, 2, 3], [0, 1], 3, None)
+    assert other["path"] == "step" and "tp 1 -> 2" in other["why"], other
+
+
 def test_the_settle_window_follows_the_detection_deadline():
     from orchestrator.plan import timeouts
 

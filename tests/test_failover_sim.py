@@ -42,6 +42,12 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
         assert r["detected_s"] <= r["wait_bound_s"] and r["detected_s"] <= r["recovery_s"], r
         p = r["phases"]  # where the time went, in the order it goes, ending at the recovery
         assert p["detected"] <= p["decided"] <= p["told"] <= p["started"] <= p["committed"] == r["recovery_s"], p
+        # the step in flight is finished from the survivors' gradients: the lost copies' micro-batches (M / R
+        # each: 1,024 of one sample over 256 copies) spread over the 256 copies the spares keep, one a copy
+        plan = failover_sim.plan_of("2k-8")
+        per_copy = plan.spec.training.global_batch // plan.spec.training.micro_batch // r["copies"]
+        lost = 2 if kind == "two" else 1
+        assert r["redo"] == "kept" and p["recomputed_mb"] == -(-lost * per_copy // r["copies"]) == 1, r
     assert r["max_wait_s"] <= r["wait_bound_s"], r  # no wait without end: no leader waited past the ladder
     if kind in ("node", "hang", "two", "flap", "partition"):  # known lost (its leader's connection unanswered,
         assert r["survivors_released"] == "abort", r  # its beats stalled): aborted, not timed out

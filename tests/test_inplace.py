@@ -1,7 +1,9 @@
 """Lose a node, keep running: the copies of the model state on the other nodes keep their
-processes, parameters and optimizer state, re-form across copies and redo only the step in
-flight (no checkpoint is read); a warm spare restores DP with a healthy copy's state; a node
-that comes back joins at a step boundary. Real processes, gloo, the job's store and the
+processes, parameters and optimizer state, re-form across copies and finish the step in flight
+from the gradients they kept, recomputing only the lost copy's micro-batches (no checkpoint is
+read, the step is not redone); a warm spare restores DP with a healthy copy's state (with pipeline
+stages in each copy: the recovery pass on a schedule of its own); a node that comes back joins at
+a step boundary. Real processes, gloo, the job's store and the
 coordinator (its store on two shards: each copy's world on its copy's, each cross-copy group on its
 position's); losses against an uninterrupted single-process run."""
 import json
@@ -58,6 +60,11 @@ def test_a_lost_node_drops_its_copy_in_place_and_a_node_back_rejoins(tmp_path, u
     assert shrink["old_layout"]["dp"] == 4 and shrink["new_layout"]["dp"] == 2
     assert shrink["new_layout"]["microbatches"] == 2 * shrink["old_layout"]["microbatches"]  # global batch kept
     assert shrink["samples_reassigned_per_step"] == 8 and shrink["recovery_s"] > 0
+    # the step in flight: copy 1's two data ranks held micro-batches 8-15 of 16; the survivors' 2 ranks kept
+    # theirs and recompute those 8, 4 each; the node back joins with nothing lost (kept, none recomputed)
+    assert (shrink["redo"], shrink["microbatches_recomputed"], shrink["microbatches_recomputed_per_rank"]) == (
+        "kept", 8, 4), shrink
+    assert (grow["redo"], grow["microbatches_recomputed"]) == ("kept", 0), grow
     assert grow["mode"] == "rejoin" and grow["copies_new"] == [2] and grow["new_layout"]["dp"] == 4
     assert "CHECKPOINT" not in r.stdout and not (run / "checkpoints").exists()  # nothing was read back
     log0 = (run / "logs" / "rank0.log").read_text()  # the same process before and after both changes
@@ -70,13 +77,23 @@ def test_a_lost_node_drops_its_copy_in_place_and_a_node_back_rejoins(tmp_path, u
 
 
 def test_a_warm_spare_takes_the_lost_copy_and_dp_stays(tmp_path, uninterrupted):
-    r = run_cli([*COMMON, "cluster.nodes=2", "cluster.spare_nodes=1", "training.steps=8", "fault.kill_node=1",
-                 "fault.at_step=3"], tmp_path, timeout=900)
+    """Copies of two pipeline stages (PP2 on one node each, no FSDP; micro-batches of 4 samples, 4 a
+    step): the spare receives copy 0's state, then it and copy 0 recompute the lost copy's 2
+    micro-batches, 1 each, onto copy 0's kept gradients (the spare's are zeros), on a 1F1B schedule of
+    their own over the same stages: torch's takes no fewer micro-batches than stages, so 2, one padding."""
+    r = run_cli([*COMMON, "layout.dp=2", "layout.dp_shard=1", "layout.pp=2", "layout.order=[pp,dp]",
+                 "training.micro_batch=4", "cluster.nodes=2", "cluster.spare_nodes=1", "training.steps=8",
+                 "fault.kill_node=1", "fault.at_step=3"], tmp_path, timeout=900)
     run = tmp_path / "run"
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (event,) = failovers(run)
-    assert event["mode"] == "spare" and event["copies_new"] == [2] and event["new_layout"]["dp"] == 4
+    assert event["mode"] == "spare" and event["copies_new"] == [2] and event["new_layout"]["dp"] == 2
+    assert event["new_layout"]["pp"] == 2
+    assert (event["redo"], event["microbatches_recomputed"], event["microbatches_recomputed_per_rank"]) == (
+        "kept", 2, 1), event
     assert "received the state of copy 0" in r.stdout
+    log0 = (run / "logs" / "rank0.log").read_text()
+    assert "the recovery pass runs 2 micro-batches on Schedule1F1B" in log0 and "1 of them padding" in log0, log0
     got = losses_by_step(run)
     assert [got[s] for s in range(8)] == pytest.approx([uninterrupted[s] for s in range(8)], rel=1e-5)
     assert samples_read(run) == list(range(8 * 16))
@@ -95,6 +112,7 @@ def test_a_hung_copy_is_aborted_on_knowledge_not_on_the_collective_timeout(tmp_p
     (event,) = failovers(run)
     assert event["mode"] == "in_place" and event["copies_lost"] == [1] and event["new_layout"]["dp"] == 2
     assert event["survivors_released"] == "abort", event
+    assert (event["redo"], event["microbatches_recomputed"]) == ("kept", 8), event  # copy 0 finishes the step
     assert "HANG:" in r.stdout, r.stdout[-3000:]
     assert "stall deadline" in r.stdout, r.stdout[-3000:]  # named by its peers' wait, not the hang deadline
     log0 = (run / "logs" / "rank0.log").read_text()

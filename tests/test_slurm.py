@@ -166,6 +166,9 @@ def test_a_detached_job_goes_on_in_place_when_its_state_has_copies(cluster, tmp_
     (event,) = failovers(run)
     assert event["mode"] == "in_place" and event["steps_lost"] == 0 and event["new_layout"]["dp"] == 2
     assert event["recovery_s"] > 0
+    # the step in flight finished from copy 0's kept gradients: copy 1's 8 micro-batches of 16 recomputed, 4 a rank
+    assert (event["redo"], event["microbatches_recomputed"], event["microbatches_recomputed_per_rank"]) == (
+        "kept", 8, 4), event
     got = losses_by_step(run)
     assert [got[s] for s in range(40)] == pytest.approx(reference, rel=1e-5)
     assert samples_read(run) == list(range(40 * 16))
@@ -349,6 +352,7 @@ def test_a_hung_copy_is_named_by_its_stall_and_the_others_go_on_in_place(cluster
     (event,) = failovers(run)
     assert event["mode"] == "in_place" and event["copies_lost"] == [1] and event["new_layout"]["dp"] == 2, event
     assert event["survivors_released"] == "abort", event
+    assert (event["redo"], event["microbatches_recomputed"]) == ("kept", 8), event  # not the whole step redone
     logs = "".join(f.read_text() for f in run.rglob("rank*.log"))
     assert "aborted by the coordinator" in logs and "declared lost in generation 0" in logs
     assert not (run / "checkpoints").exists() or "CHECKPOINT" not in logs

@@ -45,6 +45,10 @@ def test_a_crashed_rank_drops_its_copy_and_the_survivors_keep_the_batch_exact(tm
     assert event["mode"] == "in_place" and event["new_layout"]["dp"] == 3 and event["steps_lost"] == 0
     assert event["nodes_lost"] == [] and "crashed" in r.stdout and "illegal memory access" in r.stdout
     assert event["survivors_released"] == "abort"  # the crash was known (its exit, its leader's connection)
+    # the step in flight: the 3 survivors keep their gradients; copy 1's 4 micro-batches (4-7 of 16) are
+    # recomputed over them, 2 + 1 + 1 (the first takes the one over), not the whole step
+    assert (event["redo"], event["microbatches_recomputed"], event["microbatches_recomputed_per_rank"]) == (
+        "kept", 4, 2), event
     plan = json.loads((tmp_path / "run" / f"attempt{event['attempt']}" / "plan.json").read_text())
     assert plan["config"]["training"]["uneven_batch"] and plan["layout"]["microbatches"] == 6
 
@@ -130,6 +134,30 @@ def test_the_uneven_split_reads_every_sample_once():
         assert sum(counts) == M and max(counts) - min(counts) <= 1
         got = [i for r in range(dp) for i in src.indices(2, M * b, dp, r, b)]
         assert got == list(range(2 * M * b, 3 * M * b))
+
+
+def test_a_recovery_pass_reads_every_lost_sample_once_and_no_kept_one_again():
+    """Copies lost mid-step (plan/split.py): the survivors' kept samples (the old split, read by the
+    runtime's TokenSource) and what the new generation's data ranks recompute make the step's batch,
+    each sample once; the copy's ranks pad to the copy's count. Shrinks, spares, two lost, uneven."""
+    from orchestrator.plan.split import copy_ranks, lost_microbatches, recompute_run, recompute_share
+    from orchestrator.train.data import TokenSource
+
+    src = TokenSource(vocab=64, seq_len=8)
+    b, step = 2, 3
+    for M, copies, S, lost_at, after in ((16, 4, 1, [1], 3), (16, 2, 2, [1], 2), (24, 4, 2, [0, 2], 2),
+                                         (20, 3, 1, [2], 3), (12, 4, 1, [1, 3], 5)):
+        dp, dp_after = copies * S, after * S
+        kept = [i for c in range(copies) if c not in lost_at for r in copy_ranks(c, S)
+                for i in src.indices(step, M * b, dp, r, b)]
+        lost = lost_microbatches(M, dp, S, lost_at)
+        again = [step * M * b + j * b + k for r in range(dp_after) for j in recompute_share(lost, dp_after, r)
+                 for k in range(b)]
+        assert sorted(kept + again) == list(range(step * M * b, (step + 1) * M * b)), (M, copies, S, lost_at)
+        for c in range(after):  # every rank of a copy runs its busiest rank's count
+            run = recompute_run(len(lost), dp_after, S, c)
+            assert all(len(recompute_share(lost, dp_after, r)) <= run for r in copy_ranks(c, S))
+            assert run == max(len(recompute_share(lost, dp_after, r)) for r in copy_ranks(c, S))
 
 
 class _Scripted(Workers):

@@ -98,7 +98,16 @@ def test_goodput_weighs_the_llama3_failure_mix_by_kind():
     plan = plan_of(*failover_sim.CONFIGS["16k-128"], "launcher=slurm")  # 405B, 128 copies of the state (dp_shard=1)
     t, g = plan.blast_radius["timeouts"], goodput.goodput(plan)
     cost = {k: v["in_place_s"] for k, v in g["by_kind"].items()}
-    assert g["in_place"] and cost["crash"] == pytest.approx(g["rebuild_s"] + plan.step.wall_s)
+    # in place the step in flight is finished from the survivors' gradients: the lost copy's 16 micro-batches
+    # over the 128 copies (a spare in its place) is 1 a copy, through 16 stages (1F1B: 15 of fill and drain)
+    # of the plan's slowest stage, then the cross-copy all-reduce (the DP traffic): seconds, not the 14 s step
+    d, st, redo = plan.layout, plan.step, goodput.recompute(plan)
+    per_mb = (st.wall_compute + st.wall_tp + st.wall_cp + st.wall_ep) / d.microbatches
+    assert (d.pp, d.microbatches, d.dp_replicate, d.dp_shard) == (16, 16, 128, 1)
+    assert (redo["lost_microbatches"], redo["microbatches"]) == (16, 1)
+    assert redo["seconds"] == pytest.approx((1 + 15) * per_mb + plan.axes["dp"].seconds)
+    assert redo["seconds"] < plan.step.wall_s
+    assert g["in_place"] and cost["crash"] == pytest.approx(g["rebuild_s"] + redo["seconds"])
     # known, then aborted: a hang at the stall deadline (and the supervisor's poll); a node lost or cut off
     # when its copy's leader's connection goes unanswered (K) or, on another node of the copy, when the
     # copy's ranks stall; SLURM's word (330 s by default here) comes later. Never the collective timeout.

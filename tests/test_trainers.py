@@ -75,6 +75,20 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     p = plan_of("recipe=llama3_405b", "trainer=torchtitan", "trainer.version=0.3", "launcher=slurm")
     assert [e.key for e in p.errors] == ["training.precision"] and "precision=fp8" in p.errors[0].fix, p.errors
     assert plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.2", "layout.tp=2", "training.precision=fp8").valid
+    # the CP method the plan prices is the one the framework runs, or the plan is refused
+    cp = [*SMALL, "layout.tp=2", "layout.cp=2"]
+    p = plan_of(*cp, "trainer=torchtitan", "trainer.version=0.3", "stack.cp_comm=p2p")
+    assert [e.key for e in p.errors] == ["stack.cp_comm"] and "trainer.version=0.2" in p.errors[0].fix, p.errors
+    for line in ("0.2", "0.3"):  # torch's CP rotates K/V shards; it has no Ulysses all-to-all of heads
+        p = plan_of(*cp, "trainer=torchtitan", f"trainer.version={line}", "stack.cp_comm=a2a")
+        assert [e.key for e in p.errors] == ["stack.cp_comm"], p.errors
+    p = plan_of(*cp, "trainer=megatron", "layout.tp=8", "layout.cp=8", "cluster.nodes=8", "stack.cp_comm=a2a")
+    assert [e.key for e in p.errors] == ["stack.cp_comm, layout.cp"], p.errors  # 8 KV heads / tp 8 over cp 8
+    assert plan_of(*cp, "trainer=megatron", "stack.cp_comm=a2a").valid
+    tiny = ["model=tiny", "hardware=cpu", "cluster.nodes=1", "layout.cp=2", "launcher=local"]
+    p = plan_of(*tiny, "stack.cp_comm=p2p")  # this runtime all-gathers K/V (train/model.py _GatherSeq)
+    assert [e.key for e in p.errors] == ["stack.cp_comm"] and "all_gather" in p.errors[0].fix, p.errors
+    assert plan_of(*tiny).valid
     for trainer in ("torchtitan", "megatron"):  # both save to a file system path, not an object store
         p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=2", "training.checkpoint.dir=s3://bucket/run")
         assert [e.key for e in p.errors] == ["training.checkpoint.dir"] and "s3://bucket/run" in p.errors[0].message
@@ -187,6 +201,7 @@ TT_CASES = [
     ("tp4pp2_interleaved", [*SMALL, "layout.tp=4", "layout.pp=2", "schedule=interleaved_1f1b", "layout.vp=2"],
      ("0.2", "0.3")),
     ("tp2cp2pp2", [*SMALL, "layout.tp=2", "layout.cp=2", "layout.pp=2"], ("0.2", "0.3")),
+    ("tp2cp2_ring", [*SMALL, "layout.tp=2", "layout.cp=2", "stack.cp_comm=p2p"], ("0.2",)),  # 0.3 has no ring
     ("hsdp_tp2pp2", [*SMALL, "layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ("0.2", "0.3")),
     ("pp4tp2", [*SMALL, "layout.pp=4", "layout.tp=2", "training.recompute=none"], ("0.2", "0.3")),
     ("fsdp_tp8", [*SMALL, "layout.tp=8"], ("0.2", "0.3")),
@@ -271,7 +286,7 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
     on each rendered line, its split functions against the plan's stages."""
     if line not in torchtitan_runs:
         pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
-    splits = 0
+    splits = cps = 0
     for cid, p, pj, words, res in torchtitan_runs[line]:
         assert res["ok"], (cid, " ".join(words)[:3000], res.get("error"))
         lay, tr = pj["layout"], pj["config"]["training"]
@@ -282,6 +297,11 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
         assert got["global_batch"] == tr["global_batch"] and got["seq_len"] == tr["seq_len"], cid
         assert got["steps"] == tr["steps"] and got["seed"] == tr["seed"], cid
         assert got["fp8"] == (tr["precision"] == "fp8"), cid
+        if lay["cp"] > 1:  # the CP method priced is the one torch runs: its ALL_TO_ALL rotater passes each K/V
+            # shard to rank + 1 (_context_parallel/_attention.py _AllToAllRotater), the ring (p2p)
+            assert {"ALL_GATHER": "all_gather", "ALL_TO_ALL": "p2p"}[got["cp_rotation"]] == \
+                pj["config"]["stack"]["cp_comm"], cid
+            cps += 1
         assert got["local_batch"] * lay["dp"] == tr["global_batch"] or lay["pp"] == 1, cid
         if lay["pp"] > 1:
             assert got["micro_batch"] == lay["micro_batch"], cid
@@ -293,8 +313,9 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
         assert got["checkpoint"][0] == (ck["every"] > 0), cid
         if ck["every"] > 0:
             assert got["checkpoint"][2] == ck["every"], cid
-    print(f"torchtitan {line}: {len(torchtitan_runs[line])} lines parsed and read back, {splits} stage splits")
-    assert splits >= 6
+    print(f"torchtitan {line}: {len(torchtitan_runs[line])} lines parsed and read back, {splits} stage splits, "
+          f"{cps} CP methods")
+    assert splits >= 6 and cps >= {"0.2": 2, "0.3": 1}[line]  # 0.2: all-gather and the ring; 0.3: all-gather
 
 
 def _plan_mesh_groups(p, pj: dict) -> dict[str, set]:

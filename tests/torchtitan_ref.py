@@ -163,6 +163,17 @@ def groups(par):
     return out
 
 
+def cp_rotation(par) -> str:
+    """The K/V rotation torch's context parallelism runs under this config: 0.2 hands
+    context_parallel_rotate_method to torch's set_rotate_method (torchtitan/distributed/utils.py
+    create_context_parallel_ctx); 0.3 sets none, so torch's default runs."""
+    from torch.distributed.tensor.experimental import _attention as cp
+
+    if LINE == "0.2":
+        cp.set_rotate_method(par.context_parallel_rotate_method)
+    return cp._cp_options.rotate_method.name
+
+
 cases = json.load(sys.stdin)["cases"]
 for case in cases:
     WORLD = case["world"]
@@ -183,7 +194,7 @@ for case in cases:
                        "checkpoint": [cfg.checkpoint.enable, cfg.checkpoint.folder, cfg.checkpoint.interval],
                        "recompute": cfg.activation_checkpoint.mode if LINE == "0.2"
                        else type(cfg.activation_checkpoint).__qualname__,
-                       "fp8": float8(cfg)}
+                       "fp8": float8(cfg), "cp_rotation": cp_rotation(par)}
         try:  # torchtitan splits its own model: where trainer.args name another (a debug model), it may refuse
             res["split"], res["stage_rank"] = split(cfg)
         except ValueError as e:

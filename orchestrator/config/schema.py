@@ -197,7 +197,9 @@ class PipelineAccounting(str, Enum):
 class CPComm(str, Enum):
     all_gather = "all_gather"  # K/V all-gathered (Llama 3, torch CP's allgather rotation, this runtime)
     p2p = "p2p"  # ring attention: K/V blocks passed around the ring, hidden behind each block's attention
+    # (Megatron-Core's default --cp-comm-type; torch CP's "alltoall" rotation, a shift to rank + 1)
     a2a = "a2a"  # DeepSpeed-Ulysses / Megatron a2a: sequence <-> head shards by all-to-all
+    # What each trainer renders or refuses: frameworks/megatron.py, frameworks/torchtitan/, plan/capability.py
 
 
 class AttentionKernel(str, Enum):

@@ -25,7 +25,7 @@ MPC, TC, TRC = ("megatron/core/model_parallel_config.py", "megatron/core/transfo
 ARGS, CC = "megatron/training/arguments.py", "megatron/training/config/common_config.py"
 CITED = {
     "--tensor-model-parallel-size": f"{MPC}:55", "--pipeline-model-parallel-size": f"{MPC}:83",
-    "--context-parallel-size": f"{MPC}:100", "--expert-model-parallel-size": f"{MPC}:127",
+    "--context-parallel-size": f"{MPC}:100", "--cp-comm-type": f"{ARGS}:3221", "--expert-model-parallel-size": f"{MPC}:127",
     "--expert-tensor-parallel-size": f"{MPC}:130", "--sequence-parallel": f"{MPC}:94", "--bf16": f"{MPC}:180",
     "--num-layers-per-virtual-pipeline-stage": f"{ARGS}:3114", "--pipeline-model-parallel-layout": f"{ARGS}:3103",
     "--micro-batch-size": f"{TRC}:11", "--global-batch-size": f"{TRC}:15", "--train-iters": f"{TRC}:64",
@@ -57,6 +57,11 @@ CITED = {
 # no longer required but still accepted); Megatron-FSDP refuses 1 (1166-1167): unset it there.
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP (arguments.py:3190)
+# --cp-comm-type is stack.cp_comm's word: Megatron passes it to Transformer Engine's attention
+# (megatron/core/extensions/transformer_engine.py:2141-2153), which runs every value the schema has,
+# "p2p" (the ring), "all_gather" and "a2a" (NVIDIA/TransformerEngine transformer_engine/pytorch/
+# attention/dot_product_attention/context_parallel.py attn_forward_func_with_cp); Megatron's default is
+# p2p (arguments.py:3221). Its "a2a+p2p" (with --hierarchical-context-parallel-sizes) the schema lacks.
 
 
 def problems(spec: Config, layout: Layout) -> list[Problem]:
@@ -97,6 +102,14 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"the {moe.experts} experts into {groups} groups (--moe-router-num-groups, "
                            f"transformer_config.py:2682); they do not divide.",
                            "set model.moe.max_nodes_per_token=0, or an ep whose node count divides the experts."))
+    kv = spec.model.heads if mla.kv_lora_rank else spec.model.kv_heads
+    if layout.cp > 1 and spec.stack.cp_comm.value == "a2a" and ((spec.model.heads // layout.tp) % layout.cp
+                                               or max(kv // layout.tp, 1) % layout.cp):
+        out.append(Problem("stack.cp_comm, layout.cp", f"Transformer Engine's a2a context parallelism scatters "
+                           f"each tensor rank's heads over the CP group and needs them to divide by cp "
+                           f"(context_parallel.py: 'requires num_heads % cp_size == 0'); {spec.model.heads} query "
+                           f"and {kv} key/value heads over tp={layout.tp} do not divide by cp={layout.cp}.",
+                           "set stack.cp_comm=p2p, or a cp that divides the heads per tensor rank."))
     if spec.training.precision in (Precision.mxfp8, Precision.nvfp4):
         out.append(Problem("training.precision", f"the rendering has no {spec.training.precision.value} "
                            f"arguments (it writes --fp8-format=hybrid for fp8).", "put Megatron-LM's recipe "
@@ -148,6 +161,8 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
     tr, m = cfg["training"], cfg["model"]
     out = [f"--tensor-model-parallel-size={lay['tp']}", f"--pipeline-model-parallel-size={lay['pp']}",
            f"--context-parallel-size={lay['cp']}"]
+    if lay["cp"] > 1:  # the CP communication the plan priced (stack.cp_comm), not Megatron's default
+        out.append(f"--cp-comm-type={cfg['stack']['cp_comm']}")
     if lay["ep"] > 1:
         out += [f"--expert-model-parallel-size={lay['ep']}", f"--expert-tensor-parallel-size={lay['etp']}"]
     out += ORDERS[order_of(plan_json)]

@@ -168,10 +168,10 @@ def env(plan_json: dict) -> dict[str, str | None]:
 
 
 def _layout(plan_json: dict):
-    """What a release line's problems read of the layout (ep, etp)."""
+    """What a release line's problems read of the layout (ep, etp, pp, cp)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(**{k: plan_json["layout"][k] for k in ("ep", "etp", "pp")})
+    return SimpleNamespace(**{k: plan_json["layout"][k] for k in ("ep", "etp", "pp", "cp")})
 
 
 def _module_names(plan_json: dict, spec: Config) -> bool:

@@ -75,6 +75,9 @@ class Decision:
     copies: list[int] = field(default_factory=list)  # the new generation's copies, in data order
     reason: str = ""
     new: list[int] = field(default_factory=list)  # copies that need a healthy copy's state
+    # the survivors keep the gradients they computed for the step in flight, and the new generation
+    # recomputes only the lost copies' micro-batches (train/trainer.py); False: it redoes the step
+    keep: bool = False
 
 
 OPS = ("commit", "failed", "join", "bye", "hi", "tree")
@@ -339,9 +342,14 @@ class Coordinator:
         decision = self.decide(alive, dead, sorted(self.joiners), step)
         self.aborted = None
         if decision.reform:
+            before = self.current
             self.current = Generation(self.current.gen + 1, list(decision.copies), decision.plan_dir, step)
             self.answer = {"op": "reform", "gen": self.current.gen, "copies": list(decision.copies),
                            "plan_dir": decision.plan_dir, "step": step, "new": list(decision.new)}
+            if decision.keep:  # the old generation's split of the step (its plan) and where in it the lost were
+                gone = set(before.copies) - set(decision.copies)  # (positions, not the copies: the answer stays small)
+                self.answer["kept"] = {"lost": [i for i, c in enumerate(before.copies) if c in gone],
+                                       "plan_dir": before.plan_dir}
         else:
             self.answer = {"op": "exit", "reason": decision.reason, "gen": self.current.gen + 1}
             self.current = Generation(self.current.gen + 1, [], "", step)

@@ -46,6 +46,8 @@ class InPlace:
         self.detected: float | None = None  # wall time the supervisor saw the failure
         self.pending: dict | None = None  # the event waiting for its recovery time
         self.refused: str | None = None  # why the survivors cannot go on in place (the loop restarts)
+        self.copies = list(range(self.initial_copies))  # the current generation's copies, in data order
+        self.kept_at: int | None = None  # the step the last generation was formed at keeping the gradients
 
     def copies_alive_for(self, alive: int) -> str | None:
         """Can `alive` copies (with the spares waiting) go on? None if yes, else why not."""
@@ -68,15 +70,21 @@ class InPlace:
             self.attempt += 1
             plan_dir = rundir.attempt_dir(self.run_dir, self.attempt)
             write_plan(plan, plan_dir, figures=False)
-            old = self.plan
-            self.plan = plan
+            old, before = self.plan, self.copies
+            self.plan, self.copies = plan, list(copies)
             self.workers.assign(copies, plan, plan_dir)
             # samples per step the lost copies read (their mean share when the split is uneven)
             lost_share = old.spec.training.global_batch * old.layout.dp_shard * len(dead) // old.layout.dp
+            redo = keeps(old, plan, before, copies, step, self.kept_at)
+            self.kept_at = step if redo["path"] == "kept" else None
             self.pending = events.record(self.run_dir, {
                 "mode": mode, "attempt": self.attempt, "step": step, "copies_lost": dead, "copies_new": new,
                 "nodes_lost": self.workers.lost_nodes(), "old_layout": _layout(old), "new_layout": _layout(plan),
                 "failed_during_step": step, "steps_lost": 0, "steps_redone": 1 if dead else 0,
+                # the step in flight: finished from the survivors' gradients, only the lost copies' micro-batches
+                # recomputed (kept), or redone whole (step: why in redo_why); what every data rank recomputed
+                "redo": redo["path"], "redo_why": redo["why"], "microbatches_recomputed": redo["lost"],
+                "microbatches_recomputed_per_rank": redo["per_rank"],
                 "samples_reassigned_per_step": lost_share if mode == "in_place" else 0,
                 "detected_at": self.detected if dead else None, "decided_at": time.time(), "recovery_s": None,
                 # how the survivors left their pending cross-copy collectives: aborted by the coordinator the
@@ -87,7 +95,7 @@ class InPlace:
                              f"{old.layout.label()} -> {plan.layout.label()}, going on at step {step} "
                              f"(0 steps lost)" if dead else
                              f"REJOIN: copies {new} join at step {step}: {old.layout.label()} -> {plan.layout.label()}")
-            return Decision(True, str(plan_dir), copies, new=new)
+            return Decision(True, str(plan_dir), copies, new=new, keep=redo["path"] == "kept")
 
     def _aborted(self) -> dict | None:
         """The coordinator's abort of the change being decided (launch/control.py), if there was one."""
@@ -129,6 +137,37 @@ class InPlace:
             self.workers.say(f"recovered in {first['time'] - since:.2f} s (failure detected -> step "
                              f"{first['step'] + 1} completed)")
             self.pending = None
+
+
+INSIDE_COPY = ("tp", "cp", "pp", "dp_shard", "vp")  # what the kept gradients' shards are shaped by
+
+
+def keeps(old, new, before: list[int], after: list[int], step: int, kept_at: int | None) -> dict:
+    """How the new generation finishes the step in flight (one rule: the runtime reads `keep` from the
+    coordinator's answer). Kept: the survivors' gradients hold the old generation's split of `step`,
+    and the lost copies' micro-batches (plan/split.py) are recomputed over the new generation's data
+    ranks. The whole step is redone when the copy's layout changed (the gradients' shards would not
+    fit), the batch's cut changed, or the old generation was itself finishing `step` from kept
+    gradients (a second loss before it committed: who held which micro-batch is no longer one split).
+    {path: kept | step, why, lost: micro-batches recomputed, per_rank: the most a data rank runs}."""
+    from orchestrator.plan.split import lost_microbatches, recompute_run
+
+    o, n = old.layout, new.layout
+    changed = [k for k in INSIDE_COPY if getattr(o, k) != getattr(n, k)]
+    tr_o, tr_n = old.spec.training, new.spec.training
+    why = ""
+    if changed:
+        why = "the copy's layout changed (" + ", ".join(f"{k} {getattr(o, k)} -> {getattr(n, k)}" for k in changed) + ")"
+    elif (tr_o.global_batch, tr_o.micro_batch) != (tr_n.global_batch, tr_n.micro_batch):
+        why = "the batch's cut changed"
+    elif kept_at == step:
+        why = f"a second change before step {step} committed"
+    M = tr_o.global_batch // tr_o.micro_batch
+    if why:
+        return {"path": "step", "why": why, "lost": M, "per_rank": n.microbatches}
+    lost = lost_microbatches(M, o.dp, o.dp_shard, [i for i, c in enumerate(before) if c not in after])
+    runs = [recompute_run(len(lost), n.dp, n.dp_shard, i) for i in range(len(after))]
+    return {"path": "kept", "why": "", "lost": len(lost), "per_rank": max(runs, default=0)}
 
 
 def _layout(plan) -> dict:

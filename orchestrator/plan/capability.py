@@ -35,6 +35,11 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"backward); zero={layout.zero} ({what}) is not implemented.",
                            "use layout.zero=2 (replicated weights during the step, as zero=0/1 hold them) or "
                            "layout.zero=3, or launcher=dry to plan it."))
+    if spec.stack.runtime and layout.cp > 1 and spec.stack.cp_comm.value != "all_gather":
+        out.append(Problem("stack.cp_comm", f"the runtime's context parallelism all-gathers K and V along the "
+                           f"sequence (orchestrator/train/model.py _GatherSeq; reduced back in the backward), not "
+                           f"{spec.stack.cp_comm.value}.", f"set stack.cp_comm=all_gather, or launcher=dry to plan "
+                           f"{spec.stack.cp_comm.value}."))
     if layout.chunk_layers is not None:
         out.append(Problem("stack.pipeline_accounting", f"the embedding and the loss take a layer's place in "
                            f"the pipeline split ({spec.stack.pipeline_accounting.value}); the runtime fills its "

@@ -251,7 +251,9 @@ def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool
     cp_kind = spec.stack.cp_comm.value if spec is not None else "all_gather"
     for name, (calls, nbytes), size in (("tp", tj.tp, d.tp), ("cp", tj.cp, d.cp), ("ep", tj.ep, d.ep)):
         collective = CP_COLLECTIVE.get(cp_kind, AXES[name].collective) if name == "cp" else AXES[name].collective
-        out[name] = AxisReport(name, size, collective, m * calls, m * calls * nbytes, hideable=False,
+        # the ring (p2p) sends each K/V block behind the attention of the one before (step_time)
+        hides = name == "cp" and cp_kind == "p2p" and bool(tr.flash_attention)
+        out[name] = AxisReport(name, size, collective, m * calls, m * calls * nbytes, hideable=hides,
                                bytes_per_microbatch=calls * nbytes)
     s_tokens = tr.seq_len / d.cp * tr.micro_batch
     send = s_tokens * mm.h * activation_bytes(tr) / (d.tp if sp else 1)

@@ -31,7 +31,9 @@ anyway), then
 
 and then the generation's groups are rebuilt (REBUILD_STORE_OPS per rank through the job's
 store, train/replicas.py; its shards serve their groups at once: rebuild_s) and the step in
-flight (the one the change began in) is redone. A restart from the last checkpoint
+flight (the one the change began in) is finished: the survivors keep the gradients they computed,
+and only the lost copies' micro-batches are recomputed, spread over the new generation's copies,
+then all-reduced (`recompute`: seconds, not the whole step). A restart from the last checkpoint
 (not in place, no warm spare left to take over, or the supervisor's node lost) costs the same
 wait, the ranks started again (RELAUNCH_S), the checkpoint read back and half the interval redone.
 The supervisor's node lost (supervisor_lost_s) costs, on SLURM with more than one node, the lease
@@ -113,6 +115,36 @@ def plan_rebuild_s(plan, ops_s: float = STORE_OPS_S) -> float:
     d = plan.layout
     return rebuild_s(max(1, d.dp_replicate), d.tp * d.cp * d.pp * d.dp_shard,
                      store_shards(plan.world_size, plan.spec.failover.store_shards), ops_s)
+
+
+def recompute(plan, lost_copies: int = 1, copies_after: int | None = None) -> dict:
+    """What the new generation does for the step in flight when `lost_copies` copies were lost
+    mid-step and `copies_after` copies go on (the survivors and any spare: default the plan's
+    copies, a spare in each lost one's place). The survivors keep the gradients they computed;
+    only the lost copies' micro-batches (plan/split.py, the runtime's own split: the first copies,
+    which hold the most when the split is uneven) are recomputed, spread over every data rank of
+    the new generation: `microbatches` per rank (ceil of lost / data ranks), run through the copy's
+    pipeline with its fill and drain (the schedule's bubble, in micro-batches of the plan's slowest
+    stage), then the cross-copy gradient all-reduce (the plan's data-parallel traffic time).
+    {lost_microbatches, microbatches, compute_s, allreduce_s, seconds}; one definition for the plan's
+    in-place cost and benchmarks/failover_sim.py's redo."""
+    from orchestrator.plan.split import lost_microbatches, recompute_run
+
+    d, tr = plan.layout, plan.spec.training
+    copies = max(1, d.dp_replicate)
+    after = copies if copies_after is None else max(1, int(copies_after))
+    lost_copies = max(0, min(int(lost_copies), copies))
+    M = tr.global_batch // tr.micro_batch
+    lost = len(lost_microbatches(M, d.dp, d.dp_shard, range(lost_copies)))
+    n = recompute_run(lost, after * d.dp_shard, d.dp_shard, 0) if lost else 0
+    st = plan.step
+    per_mb = (st.wall_compute + st.wall_tp + st.wall_cp + st.wall_ep) / max(1, d.microbatches) if st else 0.0
+    fill = d.schedule.bubble(d.pp, d.vp) if d.pp > 1 and n else 0.0
+    dp_axis = (getattr(plan, "axes", None) or {}).get("dp")
+    allreduce = dp_axis.seconds if dp_axis is not None else (st.wall_dp_exposed if st else 0.0)
+    compute = (n + fill) * per_mb
+    return {"lost_microbatches": lost, "microbatches": n, "compute_s": compute, "allreduce_s": allreduce,
+            "seconds": compute + allreduce}
 
 
 def mix_shares(mix=FAILURE_MIX) -> dict[str, float]:
@@ -199,7 +231,8 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
     mtbf_s = br["job_mtbf_hours"] * 3600.0
     shares, wait = mix_shares(mix), waits(plan)
     rebuild = plan_rebuild_s(plan)
-    kept = {k: wait[k] + rebuild + step_s for k in shares}  # in place: a spare takes the copy's place
+    redo = recompute(plan)  # in place: a spare takes the copy's place, the lost micro-batches recomputed
+    kept = {k: wait[k] + rebuild + redo["seconds"] for k in shares}
     spares, spares_from = spare_copies(plan)
     p_empty = no_spare_chance(spares, REPAIR_S / mtbf_s) if in_place else 1.0
     # A failure that takes its node away (node, partition) takes the supervisor with it one time in
@@ -228,6 +261,7 @@ def goodput(plan, mix=FAILURE_MIX) -> dict:
             "checkpoint_level": level["level"], "checkpoint_interval_s": level["interval_s"],
             "checkpoint_overhead": level["overhead"], "snapshot_s": level["blocking_s"], "restart_base_s": base,
             "steps_lost_per_restart": level["interval_s"] / 2 / step_s if step_s else 0.0, "rebuild_s": rebuild,
+            "redo_s": redo["seconds"], "recomputed_microbatches": redo["microbatches"],
             "takeover_s": takeover_s(plan), "supervisor_lost_s": supervisor_lost_s(plan, base, wait["node"])}
 
 

@@ -55,6 +55,22 @@ of their max, so a GEMM at the ridge reaches less than either bound): against 4.
 Nor fewer FP8 casts (Transformer Engine's fused cast-transpose: each GEMM input cast once, 2
 elements moved per cast element, instead of the 2 per pass counted above): 4.35 points and 7.2%,
 the fitted elementwise weight doubling (1.9) to put the memory-bound time back.
+Not modelled, because no source here measures it: the attention kernel's speed per stack release.
+NeMo 24.03.01's long-context runs (nemo_long_context, evaluation only) are slower than predicted by
+0.36 to 0.42 of the predicted attention time on every row, 16K with no CP to 1M on CP32, when CP
+is planned as the ring Megatron-Core runs (stack.cp_comm=p2p; conf/stack/megatron_core.yaml): the
+attention kernel of that release (Transformer Engine 1.4, cuDNN fused attention on sm90) ran at
+about 0.73 of the speed `attention_efficiency` is fitted to, within the 20-50% that Transformer
+Engine's own H100 benchmark puts between cuDNN and FlashAttention-2 (docs/examples/attention/
+attention.ipynb, 2024-06). Ruled out on these rows: recompute or offload forced by memory (the
+least recompute that fits is none, 21 to 52 of 80 GB), CP sends the ring leaves exposed (the same
+excess at CP1). A per-release attention table (cuDNN version x head dim x causal, forward and
+backward, measured on the GPU) is what would put it in the model.
+Nor the backward at FlashAttention-3's measured rate instead of 0.7 of the forward's (H100, head
+dim 128, 16K: cuDNN 516 against 595 TFLOP/s forward, FlashAttention-2 322 against 370, i.e. 0.87;
+Shah et al. 2024, arXiv:2407.08608): attention_efficiency refits from 0.577 to 0.490 and the rest
+barely moves (4.04 points and 6.3% either way; NeMo long-context 12.3% against 12.1%), so the 0.7
+stays until a change in the recompute's weight shows in the rows.
 """
 from __future__ import annotations
 

@@ -190,9 +190,15 @@ def _blast(plan) -> list[str]:
             from orchestrator.rundir import store_shards
 
             k = store_shards(plan.world_size, plan.spec.failover.store_shards)
+            from orchestrator.plan.goodput import recompute
+
+            redo = recompute(plan)
             L.append(f"  - then the new generation rebuilds its cross-copy groups through the job's store, {k} "
                      f"shard{'s' if k > 1 else ''} at once (failover.store_shards): ~{_fmt_s(plan_rebuild_s(plan))}, "
-                     f"and redoes the step in flight")
+                     f"and finishes the step in flight from the survivors' kept gradients: the lost copy's "
+                     f"{redo['lost_microbatches']} micro-batch(es) recomputed, {redo['microbatches']} a data rank "
+                     f"through the copy's pipeline, and the all-reduce: ~{_fmt_s(redo['seconds'])} "
+                     f"(the whole step: ~{_fmt_s(plan.step.wall_s)})")
     return L
 
 

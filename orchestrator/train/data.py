@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from orchestrator.plan.split import share  # noqa: F401 (the data order's split, one definition)
+
 
 class TokenSource:
     def __init__(self, vocab: int, seq_len: int, seed: int = 0, path: str | None = None, dtype: str = "uint16"):
@@ -58,9 +60,3 @@ class TokenSource:
     def batch(self, indices: list[int]) -> torch.Tensor:
         return torch.stack([self.sample(i) for i in indices])
 
-
-def share(microbatches: int, dp: int, dp_rank: int) -> tuple[int, int]:
-    """The micro-batches of one step that data-parallel rank `dp_rank` takes: (first, count).
-    Even when dp divides them; otherwise the first `microbatches % dp` ranks take one more."""
-    q, extra = divmod(microbatches, dp)
-    return dp_rank * q + min(dp_rank, extra), q + (1 if dp_rank < extra else 0)

@@ -205,20 +205,46 @@ def _flat(mesh, dims: tuple[str, ...]):
     return mesh[dims]._flatten("_".join(dims)) if len(dims) > 1 else mesh[dims[0]]
 
 
-def sync_replicas(parts, reduce, copies: int) -> None:
-    """Average every gradient (this rank's shard) across the copies of the model state, in one
-    all-reduce (`reduce(flat)` sums in place): gloo has no AVG, so SUM and divide."""
+def local_grads(parts) -> list[torch.Tensor]:
+    """This rank's gradients (its shards), in the same order on every copy."""
     grads = []
     for _, part in parts:
         for p in part.parameters():
             if p.grad is not None:
                 grads.append(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+    return grads
+
+
+def sync_replicas(parts, reduce, copies: int):
+    """Sum every gradient (this rank's shard) across the copies of the model state, in one
+    all-reduce (`reduce(flat)` sums in place) into a buffer of its own; the gradients themselves stay
+    this copy's until the returned function writes the average back (gloo has no AVG: SUM, then
+    divide), once the commit is granted. A step that re-forms instead keeps them local: the new
+    generation adds only the lost copies' micro-batches to them (train/trainer.py)."""
+    grads = local_grads(parts)
     if not grads:
-        return
+        return lambda: None
     flat = torch.cat([g.reshape(-1) for g in grads])
     reduce(flat)
-    flat /= copies
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+
+    def write_back() -> None:
+        flat.div_(copies)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    return write_back
+
+
+def keep_grads(parts, scale: float, holds: bool) -> None:
+    """Before a recovery pass: every trainable parameter gets a gradient (zeros where this rank holds
+    none: a copy new to the generation, so every copy's all-reduce buffer lines up), and the kept
+    ones are rescaled to the new generation's weight (`scale`: new dp / old dp)."""
+    for _, part in parts:
+        for p in part.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None or not holds:
+                p.grad = torch.zeros_like(p)
+            elif scale != 1.0:
+                p.grad.mul_(scale)

@@ -28,10 +28,25 @@ class _Stage(PipelineStage):
             return super()._backward_metadata_inference(*args, **kwargs)
 
 
-def build_schedule(plan: RunPlan, parts, mesh, device: torch.device, loss_fn):
-    """The plan's pipelining schedule over this rank's chunks (torch's class, by registry name)."""
+def build_schedule(plan: RunPlan, parts, mesh, device: torch.device, loss_fn, microbatches: int | None = None,
+                   scale_grads: bool = True):
+    """The plan's pipelining schedule over this rank's chunks (torch's class, by registry name), for
+    the plan's micro-batch count or `microbatches` (a recovery pass: the lost copies' micro-batches;
+    train/trainer.py). Some classes take no fewer micro-batches than stages (torch 2.13: Schedule1F1B
+    and ScheduleDualPipeV raise ValueError below the stage count); such a count is raised to the
+    stage count, then to the plan's, the rest run as padding micro-batches. (schedule, stages, the
+    count it runs). `scale_grads`: torch divides every gradient by the count at the end (False: the
+    loss carries the weight, and gradients already held are left as they are)."""
     lay = plan.layout
-    stages = [_Stage(part, i, lay["num_stages"], device, group=mesh["pp"].get_group()) for i, part in parts]
     cls = getattr(S, SCHEDULES[lay["schedule"]].torch_class)
-    first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]
-    return cls(first, n_microbatches=lay["microbatches"], loss_fn=loss_fn), stages
+    wanted = lay["microbatches"] if microbatches is None else microbatches
+    tries = sorted({wanted, max(wanted, lay["num_stages"]), max(wanted, lay["microbatches"])})
+    for i, n in enumerate(tries):
+        stages = [_Stage(part, s, lay["num_stages"], device, group=mesh["pp"].get_group()) for s, part in parts]
+        first = stages if issubclass(cls, S.PipelineScheduleMulti) else stages[0]
+        try:
+            return cls(first, n_microbatches=n, loss_fn=loss_fn, scale_grads=scale_grads), stages, n
+        except ValueError:
+            if i == len(tries) - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -38,7 +38,8 @@ from orchestrator.train.logger import Logger
 from orchestrator.train import keeper, wire, world
 from orchestrator.train.model import cp_shard
 from orchestrator.train.moe import ExpertSteps
-from orchestrator.train.parallel import build_model_parts, sync_replicas
+from orchestrator.plan.split import lost_microbatches, recompute_run, recompute_share
+from orchestrator.train.parallel import build_model_parts, keep_grads, sync_replicas
 from orchestrator.train.profile import StepProfiler
 from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
@@ -79,6 +80,9 @@ class Trainer:
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
         self._pending_snapshot = None  # a memory snapshot in flight (checkpoint.PendingSnapshot)
+        self._kept = None  # a re-formed step's own gradients kept: {step, terms, dp_rank} (the answer said so)
+        self._recover = None  # the recovery pass the new generation runs for the step in flight (reform)
+        self._loss_scale = 1.0  # what the pipeline schedule's loss is multiplied by (its micro-batches' weight)
         self._snapshot_warned: set = set()
 
     # ---- phases ---------------------------------------------------------------------------
@@ -134,8 +138,8 @@ class Trainer:
         if self.lay["pp"] > 1:
             from orchestrator.train.pipeline import build_schedule  # only with pipeline stages
 
-            self.schedule, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
-                                              lambda out, y: loss_fn(out, y) * self._weight * self.lay["microbatches"])
+            self.schedule, _, _ = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
+                                                 lambda out, y: loss_fn(out, y) * self._loss_scale)
         if self.replicas is None:
             self.dp_rank = self.coords[self.plan.mesh["data"]]
         else:
@@ -246,10 +250,12 @@ class Trainer:
 
     def train_step(self, step: int) -> float | None:
         """One optimizer step over this rank's share of the global batch; the mean loss, or None
-        when the copies re-formed instead (the step is then redone by the new generation)."""
+        when the copies re-formed instead (the new generation then finishes the step: from the kept
+        gradients with only the lost copies' micro-batches recomputed, `_recompute`, or redone whole)."""
         t0 = time.perf_counter()
         self._slow_if_injected(step)
-        local = self._forward_backward(step)
+        rec, self._recover = self._recover, None
+        local = self._forward_backward(step) if rec is None else self._recompute(step, rec)
         if self.replicas is not None:  # this copy's own work (its straggler measure, launch/stragglers.py)
             return self._commit_across_copies(step, local, time.perf_counter() - t0)
         if self.experts is not None:
@@ -272,47 +278,95 @@ class Trainer:
         stage). With an uneven split (training.uneven_batch) each micro-batch weighs dp / M of the
         step's M, so summed over the replicas the update is the full batch's; a rank with one
         fewer runs a padding micro-batch (labels IGNORE) where the others' collectives need it."""
-        tr, cp, dp, b = self.spec.training, self.lay["cp"], self.lay["dp"], self.spec.training.micro_batch
+        tr, dp, b = self.spec.training, self.lay["dp"], self.spec.training.micro_batch
         M = tr.global_batch // b
         _, self._real = share(M, dp, self.dp_rank)
-        self._weight = dp / M
         in_step = self.schedule is not None or self.lay["dp_shard"] > 1  # peers count my micro-batches
         run = self.lay["microbatches"] if in_step else self._real
         idx = self.data.indices(step, tr.global_batch, dp, self.dp_rank, b)
-        tokens = self.data.batch(idx)
+        self._record_samples(step, idx)
+        self._loss_scale = dp / M * self.lay["microbatches"]  # torch's schedule divides by its count
+        total = self._microbatches(idx, run, self._real, dp / M, self.schedule)
+        return None if total is None else total / self._real
+
+    def _recompute(self, step: int, rec: dict) -> float | None:
+        """The new generation's pass for the step in flight when the survivors kept their gradients
+        (reform): the kept ones rescaled to its weight (new dp / old dp: each micro-batch weighs
+        dp / M, the all-reduce divides by the copies), zeros on a copy new to it, then only this data
+        rank's share of the lost copies' micro-batches (plan/split.py) at the new weight, accumulated
+        onto them (FSDP2 adds a reduce-scatter to the sharded gradient it holds). Every rank of a copy
+        runs the copy's count (padding micro-batches where its collectives count them); with pipeline
+        stages, on a schedule of its own for that count. The loss terms are the kept and the new
+        ones together: the committed loss is the full batch's."""
+        tr, dp, b = self.spec.training, self.lay["dp"], self.spec.training.micro_batch
+        M = tr.global_batch // b
+        keep_grads(self.parts, dp / rec["old_dp"], rec["holds"])
+        idx = [step * tr.global_batch + j * b + k for j in rec["ids"] for k in range(b)]
+        if rec["holds"]:
+            self._record_samples(step, rec["kept_idx"], kept=True)  # the new attempt's record of the whole step
+        self._record_samples(step, idx, recomputed=True)
+        in_step = self.schedule is not None or self.lay["dp_shard"] > 1
+        run = rec["run"] if in_step else len(rec["ids"])
+        schedule = None
+        if self.schedule is not None and run:
+            from orchestrator.train.pipeline import build_schedule
+
+            asked = run
+            schedule, _, run = build_schedule(self.plan, self.parts, self.meshes["dense"], self.device,
+                                              lambda out, y: loss_fn(out, y) * self._loss_scale, run,
+                                              scale_grads=False)
+            if run > asked and self.leader:
+                log.info(f"the recovery pass runs {run} micro-batches on {type(schedule).__name__}, which takes no "
+                         f"fewer than {run} here: {run - asked} of them padding (labels ignored)")
+            self._loss_scale = dp / M
+        total = self._microbatches(idx, run, len(rec["ids"]), dp / M, schedule) if run else (
+            0.0 if self.has_last else None)
+        kept_sum, kept_count = rec["terms"]
+        self._real = int(kept_count) + len(rec["ids"])
+        if total is None or not self._real:
+            return None
+        return (kept_sum + total) / self._real
+
+    def _record_samples(self, step: int, idx: list[int], **mark) -> None:
+        if self.records:
+            with open(self.run_dir / rundir.SAMPLES / f"rank{self.rank}.jsonl", "a") as f:
+                f.write(rundir.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
+                                      "indices": idx, **mark}, indent=None) + "\n")
+
+    def _microbatches(self, idx: list[int], run: int, real: int, weight: float, schedule) -> float | None:
+        """Forward and backward over the samples `idx` (`real` micro-batches) and `run - real`
+        padding ones, each weighing `weight`; the sum of the real ones' losses (None off the last stage)."""
+        cp, b = self.lay["cp"], self.spec.training.micro_batch
+        src = self.data.batch(idx if idx else [0])  # (a rank with only padding pads with any sample)
+        tokens = src if idx else src[:0]
         labels = tokens[:, 1:].clone()
-        if run > self._real:
-            pad = (run - self._real) * b
-            tokens = torch.cat([tokens, tokens[:1].expand(pad, -1)])
+        if run > real:
+            pad = (run - real) * b
+            tokens = torch.cat([tokens, src[:1].expand(pad, -1)])
             labels = torch.cat([labels, torch.full((pad, labels.shape[1]), IGNORE, dtype=labels.dtype)])
         tokens, labels = tokens.to(self.device), labels.to(self.device)
         inputs = cp_shard(tokens[:, :-1], cp, self.coords["cp"])
         labels = cp_shard(labels, cp, self.coords["cp"])
-        if self.records:
-            with open(self.run_dir / rundir.SAMPLES / f"rank{self.rank}.jsonl", "a") as f:
-                f.write(rundir.dumps({"step": step, "attempt": self.attempt, "dp_rank": self.dp_rank,
-                                      "indices": idx}, indent=None) + "\n")
-        local = None
+        total = None
         with loss_parallel() if self.lay["tp"] > 1 else contextlib.nullcontext():
-            if self.schedule is not None:
+            if schedule is not None:
                 losses: list = []
                 args = (inputs,) if self.has_first else ()
                 kw = {"target": labels, "losses": losses} if self.has_last else {}
-                self.schedule.step(*args, **kw)
+                schedule.step(*args, **kw)
                 if self.has_last:
-                    local = sum(_scalar(x) for x in losses) / (self._weight * run * self._real)
+                    total = sum(_scalar(x) for x in losses) / self._loss_scale
             else:
                 model = self.parts[0][1]
-                local = 0.0
+                total = 0.0
                 sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's root (dp_shard x cp > 1)
                 for k in range(run):
                     if sync is not None:  # accumulate unsharded; reduce-scatter once, after the last micro-batch
                         sync(k == run - 1)
                     loss = loss_fn(model(inputs[k * b:(k + 1) * b]), labels[k * b:(k + 1) * b])
-                    (loss * self._weight).backward()
-                    local += _scalar(loss)
-                local /= self._real
-        return local
+                    (loss * weight).backward()
+                    total += _scalar(loss)
+        return total
 
     def _commit_across_copies(self, step: int, local: float | None, busy_s: float) -> float | None:
         """Average the gradients across the copies, then step only if every copy can: the
@@ -320,10 +374,10 @@ class Trainer:
         rep = self.replicas
         stop = 1.0 if self.should_stop is not None and self.should_stop() else 0.0
         agg = torch.tensor([*self._loss_terms(local), stop], dtype=torch.float64)
-        ok = True
+        ok, write_back = True, None
         world.beat(self.run_dir, step, "wait", self.rank)  # from here on it waits on the other copies
         try:
-            sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
+            write_back = sync_replicas(self.parts, lambda flat: rep.all_reduce(rep.replica, flat), len(rep.copies))
         except RuntimeError as e:  # a copy is gone (aborted by the coordinator, or found out: a reset, a timeout)
             ok = False
             if self.leader:
@@ -333,13 +387,18 @@ class Trainer:
         saving, self._saved = self._saved or self._saving, False
         answer = rep.commit(step, ok, agg, busy_s, saving)  # the loss and stop flag cross copies through the leaders
         if answer["op"] == "commit":
+            write_back()  # the average over the copies, only now that every copy commits
             for opt in self.opts:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             self._stop_flag = bool(answer["stop"])
             return answer["loss"]
-        for opt in self.opts:
-            opt.zero_grad(set_to_none=True)
+        self._kept = None
+        if answer.get("kept"):  # this copy's own gradients of the step (never the average) stay for the pass
+            self._kept = {"step": step, "terms": self._loss_terms(local), "dp_rank": self.dp_rank}
+        else:
+            for opt in self.opts:
+                opt.zero_grad(set_to_none=True)
         self.reform(answer)
         return None
 
@@ -349,12 +408,18 @@ class Trainer:
         if answer["op"] != "reform":
             log.info(f"copy {self.place.copy} leaves the run: {answer.get('reason', '')}")
             raise RankExit(EXIT_LEFT)
+        old_dir, old_plan = str(self.plan_dir), self.plan
         self.plan_dir = Path(answer["plan_dir"])
         self.plan = RunPlan.load(self.plan_dir)
         self.lay = self.plan.layout
         self.attempt = rundir.attempt_number(self.plan_dir, self.run_dir) or 0
         self.replicas.build(answer["gen"], answer["copies"])
         self._layout_shaped()
+        kept, self._recover = answer.get("kept"), None
+        if kept:  # the step in flight is finished from the kept gradients (launch/inplace.keeps decided it)
+            old = old_plan if kept["plan_dir"] == old_dir else RunPlan.load(Path(kept["plan_dir"]))
+            self._recover = self._recovery(answer, kept, old.layout)
+        self._kept = None
         new = answer.get("new", [])
         if new:
             if self.place.copy in new:
@@ -362,9 +427,33 @@ class Trainer:
             source = next(i for i, c in enumerate(answer["copies"]) if c not in new)
             self.replicas.broadcast_state(self._state_tensors(), source)
         if self.leader:
+            rec = self._recover
             log.info(f"generation {answer['gen']}: copies {answer['copies']} ({self.lay['label']}), going on at "
                      f"step {answer['step']}" + (f"; copies {new} received the state of copy "
-                                                 f"{answer['copies'][source]}" if new else ""))
+                                                 f"{answer['copies'][source]}" if new else "")
+                     + (f"; the step in flight finished from the kept gradients: {rec['lost']} lost micro-batch(es) "
+                        f"recomputed, {rec['run']} by this copy's ranks" if rec else
+                        "; the step in flight redone whole"))
+
+    def _recovery(self, answer: dict, kept: dict, old_lay: dict) -> dict:
+        """This rank's recovery pass (every rank computes the same assignment from the old generation's
+        plan, the lost copies' places in it, and the new copy list): the lost copies' micro-batches
+        spread over the new generation's data ranks in order (plan/split.py), and whether this rank
+        holds its own gradients of the step (every copy of the new generation but the new ones)."""
+        tr, step = self.spec.training, answer["step"]
+        M = tr.global_batch // tr.micro_batch
+        lost = lost_microbatches(M, old_lay["dp"], old_lay["dp_shard"], kept["lost"])
+        holds = self.place.copy not in answer.get("new", [])
+        mine = self._kept
+        if holds and (mine is None or mine["step"] != step):
+            raise RankExit(EXIT_FAILED, f"copy {self.place.copy} holds no gradients of step {step} to keep "
+                                        f"(it has {None if mine is None else mine['step']}); restarting")
+        return {"step": step, "old_dp": old_lay["dp"], "holds": holds, "lost": len(lost),
+                "ids": recompute_share(lost, self.lay["dp"], self.dp_rank),
+                "run": recompute_run(len(lost), self.lay["dp"], self.lay["dp_shard"], self.replicas.index),
+                "terms": mine["terms"] if holds else [0.0, 0.0],
+                "kept_idx": self.data.indices(step, tr.global_batch, old_lay["dp"], mine["dp_rank"], tr.micro_batch)
+                if holds else []}
 
     def _init_optimizer_state(self) -> None:
         """A newcomer's optimizer state, shaped like everyone's (its values arrive next)."""
@@ -427,7 +516,7 @@ class Trainer:
             self._saving = pending is not None  # an asynchronous save in flight shares this copy's step
             loss = profiler.run(step, lambda: self.train_step(step))
             if loss is None:
-                continue  # re-formed: the new generation redoes this step
+                continue  # re-formed: the new generation finishes this step (kept gradients) or redoes it
             dt = time.perf_counter() - t0
             world.beat(self.run_dir, step, "end", self.rank)
             self._record(metrics, step, loss, dt, profiler.profiled(step))

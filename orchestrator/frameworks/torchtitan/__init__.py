@@ -96,6 +96,11 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
             module_names = stage_settings(counts, layout.pp, spec.model.layers, sched) is None
     if line_of(spec.trainer.version) in LINES:  # else the launcher checks the installed line before it renders
         out += LINES[line_of(spec.trainer.version)].problems(spec, layout, module_names)
+    if layout.cp > 1 and spec.stack.cp_comm.value == "a2a":
+        out.append(Problem("stack.cp_comm", "torchtitan's context parallelism is torch's (torch.distributed.tensor."
+                           "experimental context_parallel): it passes K/V shards between the ranks (all-gather, or "
+                           "0.2's ring), it has no Ulysses all-to-all of heads (cp_comm=a2a).",
+                           "set stack.cp_comm=all_gather (torchtitan's default), or p2p with trainer.version=0.2."))
     if layout.zero == 1:
         out.append(Problem("layout.zero", "torchtitan shards parameters, gradients and optimizer state together "
                            "(FSDP2) or nothing (DDP); zero=1 shards only the optimizer.",

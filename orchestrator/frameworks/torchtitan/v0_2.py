@@ -2,7 +2,12 @@
 parsed by tyro, `--section.field value`, booleans as bare flags; the model from
 `--model.name/--model.flavor`, `--job.config_file` or trainer.args; a split only module names
 express goes in a TOML file (`[parallelism] module_fqns_per_model_part`) named by
-`--job.config_file`; the last module is `output`."""
+`--job.config_file`; the last module is `output`. With CP, `--parallelism.context_parallel_rotate_method`
+(job_config.py: allgather | alltoall), which torchtitan hands torch's set_rotate_method
+(torchtitan/distributed/utils.py create_context_parallel_ctx): torch's "allgather" all-gathers the K/V
+shards (stack.cp_comm=all_gather), its "alltoall" passes each shard to the next rank of the ring,
+overlapped with the block's attention (torch/distributed/tensor/experimental/_context_parallel/
+_attention.py _AllToAllRotater: permute_tensor to rank + 1), which is stack.cp_comm=p2p."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +20,7 @@ LINE = "0.2"
 RELEASE = "0.2.0"  # the release the tests run (tests/frameworks.py)
 OUTPUT = "output"  # the output projection's module name (torchtitan/models/llama3/model/model.py)
 # our model -> (train spec, flavor) in torchtitan/models/<name>/__init__.py (llama3_configs, deepseekv3_configs)
+ROTATE = {"all_gather": "allgather", "p2p": "alltoall"}  # stack.cp_comm -> context_parallel_rotate_method
 MODELS = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama3_405b": ("llama3", "405B"),
           "deepseek_v3": ("deepseek_v3", "671B")}
 
@@ -60,6 +66,8 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path, par: dict, train: dic
         out += [f"--model.name={name}", f"--model.flavor={flavor}"]
     out += [f"--job.dump_folder={run_dir}"]
     out += [f"--parallelism.{k}={v}" for k, v in par.items()]
+    if plan_json["layout"]["cp"] > 1:  # the method the plan priced (a2a: refused by problems)
+        out.append(f"--parallelism.context_parallel_rotate_method={ROTATE[cfg['stack']['cp_comm']]}")
     out += [f"--training.{k}={v}" for k, v in train.items()] + [f"--training.seed={tr['seed']}"]
     if tr["precision"] == "fp8":
         out.append("--model.converters=float8")

@@ -69,6 +69,12 @@ def problems(spec: Config, layout, module_names_needed: bool) -> list[Problem]:
                            f"{spec.training.mtp_depth} MTP module(s) the plan prices.",
                            "set training.mtp_depth=0, or name a registry entry with MTP layers in trainer.args "
                            "(--module M --config C)."))
+    if layout.cp > 1 and spec.stack.cp_comm.value == "p2p":
+        out.append(Problem("stack.cp_comm", "torchtitan 0.3 has no rotate-method setting: its CP all-gathers K/V "
+                           "(torch's default rotate method for SDPA, _context_parallel/_attention.py; flex_cp_allgather "
+                           "for FlexAttention: torchtitan/distributed/context_parallel/api.py), not the ring (p2p).",
+                           "set stack.cp_comm=all_gather, or trainer.version=0.2 (context_parallel_rotate_method="
+                           "alltoall, torch's ring)."))
     if layout.ep > 1 and layout.etp != 1:
         out.append(Problem("layout.etp", f"torchtitan 0.3 runs experts with etp=1 (EP takes its ranks from "
                            f"dp_shard x cp x tp), got {layout.etp}.", "set layout.etp=1."))
