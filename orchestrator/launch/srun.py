@@ -160,6 +160,7 @@ class SrunWorkers(Workers):
         self.keepers.hand_over(plan_dir)  # a restart: where its ranks resume (a memory snapshot or the checkpoint)
         if policy is not None:
             from orchestrator.launch.control import JobServices
+            from orchestrator.plan.timeouts import from_plan
 
             self._close()
             fo = self.spec.failover
@@ -167,7 +168,8 @@ class SrunWorkers(Workers):
                                         policy.decide, fo.quorum_s, host=socket.gethostname(),
                                         run_dir=str(self.run_dir), commit_timeout_s=fo.timeout_s,
                                         stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps),
-                                        shards=rundir.store_shards(policy.plan.world_size, fo.store_shards))
+                                        shards=rundir.store_shards(policy.plan.world_size, fo.store_shards),
+                                        collective_s=from_plan(plan, fo)["collective_bound_s"])
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
@@ -241,6 +243,8 @@ class SrunWorkers(Workers):
             outcome = self._hung(late) if late is not None else None
             if outcome is not None:
                 return outcome
+            if late is None and code is None and self.policy is not None:
+                self._in_collective()
             if code is not None:
                 break
             time.sleep(lc.poll_s)
@@ -313,6 +317,15 @@ class SrunWorkers(Workers):
             return False
         self.finishing = getattr(self, "finishing", None) or time.monotonic()
         return time.monotonic() - self.finishing > 2 * self.settle + self.spec.launcher.poll_s
+
+    def _in_collective(self) -> None:
+        """Every rank in a step's cross-copy collective: the coordinator judges how long (a partition
+        the control plane cannot see, launch/control.Coordinator.in_collective)."""
+        seen = progress.in_collective({p: b for p, b in progress.read(self.run_dir).items()
+                                       if b.host not in self._gone()}, time.time())
+        if seen is not None and self.services.coordinator.in_collective(*seen):
+            self.say(f"PARTITION: every rank waited {seen[1]:.1f} s in step {seen[0] + 1}'s cross-copy collective with "
+                     f"no copy committing it; its generation aborted, re-formed without the copies cut off")
 
     def _hung(self, late) -> Outcome | None:
         """A rank past the progress deadline: every task dumps its Python stack into its log
