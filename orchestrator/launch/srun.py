@@ -471,7 +471,7 @@ def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, stan
     lost: a `supervisor_lost` event) or, for a standby that took over (`takeover`: called with the
     plan and the attempt before the ranks start), by this job's earlier supervisor. The exit code
     of the failover loop; EXIT_FENCED when a successor took the lease meanwhile."""
-    from orchestrator.launch.lease import Renewer
+    from orchestrator.launch.lease import Renewer, Standby
     from orchestrator.plan.timeouts import lease_period_s
 
     plan = plan_for(run_dir, nodes, takeover is not None)
@@ -487,12 +487,25 @@ def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, stan
                           if takeover else f"supervisor up on {nodes[0]} (SLURM job {job_id}"
                           + (f", requeued {restarts} time(s) by SLURM" if restarts else "") + ")")
                  + ", starting the ranks")
-    if standby_on is not None:
-        start_standby(plan.spec, run_dir, standby_on)
     workers = SrunWorkers(plan.spec, run_dir, nodes)
+    standby = None
+    if standby_on is not None:  # kept running: a new one on another node when its node dies (lease.Standby)
+        from orchestrator.launch.runs import DONE
+
+        def start(node: str):
+            if standby.tried:  # the last one's step ended while the run goes on (its node died): another elsewhere
+                events.record(run_dir, {"mode": "standby_replaced", "node": node, "previous": standby.tried[-1]})
+                print(f"the standby supervisor on {standby.tried[-1]} is gone: a new one on {node}", flush=True)
+            return start_standby(plan.spec, run_dir, node)
+        standby = Standby([n for n in nodes if n != standby_on] + [standby_on], lease.host, start,
+                          gone=lambda: set(workers.lost) | set(workers.drained),
+                          going=lambda: read_status(run_dir).get("state") not in DONE)
+        standby.check()
     if job is not None:
         job.workers = workers
-    renewer, code = Renewer(lease, lease_period_s(lease.timeout_s), workers.fence), rundir.EXIT_FAILED
+    renewer = Renewer(lease, lease_period_s(lease.timeout_s), workers.fence,
+                      on_renewed=standby.check if standby is not None else None)
+    code = rundir.EXIT_FAILED
     try:
         if takeover is not None:
             takeover(plan, first, takeover_point(plan, run_dir, workers))
