@@ -59,7 +59,7 @@ CONSTANTS = {  # stated, not emulated
     "state_gbps": 25.0,  # GB/s at which a spare receives a healthy copy's state
     "store_ops_s": goodput.STORE_OPS_S,  # the store's service rate (replaced by the measured one when torch is there)
     "repair_s": goodput.REPAIR_S,  # a failed node is back, as a spare, after this (the plan's)
-    "probe_s": 1.0,  # after a partition abort, a leader tries its peers on the data path (connect timeout): `unreached`
+    "probe_s": 1.0,  # after a partition abort a leader tries its ring neighbours on the data path: its connect timeout
 }
 PHASE = 0.4  # where in its step a scenario's failure strikes (Sim.inject)
 L3 = ["training.seq_len=8192", "training.recompute=full", "layout.stage_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]",
@@ -268,6 +268,7 @@ class Sim:
         self.named: list[int] = []  # copies the supervisor named stragglers
         self.cut: set[int] = set()  # copies cut off from the others on the data path, their leaders' connections up
         self.cut_at = 0.0
+        self.probed: set[int] = set()  # generations aborted as a partition: their leaders try their ring neighbours
         self.beats: dict = {}  # copy -> its leader's last progress beat (launch/progress.Beat), read by the watcher
         self.aborted: dict[int, float] = {}  # generation -> when the coordinator aborted its collectives
         self.how: str | None = None  # how the first change was detected: abort (known) or found out
@@ -371,6 +372,7 @@ class Sim:
         t = self.now + self.shards / CONSTANTS["store_ops_s"] + self.hop
         if not dead:  # a partition: each leader tries its peers on the data path before it reports (`unreached`)
             t += CONSTANTS["probe_s"]
+            self.probed.add(gen)
         self.phase.setdefault("abort", t)
         for (g, step), rd in list(self.rounds.items()):
             if g == gen and not rd.get("done"):
@@ -508,9 +510,11 @@ class Sim:
         rd["reported"].add(c)
         rd.setdefault("reported_at", {})[c] = t
         body = {"op": "failed", "copy": c, "gen": gen, "step": step, "sums": [0.0, 0.0, 0.0]}
-        cut = [m for m in rd["members"] if m != c and (m in self.cut or c in self.cut)]
-        if cut:  # what its data path could not reach (the peers it tried after the abort or the timeout)
-            body["unreached"] = sorted(cut)
+        if gen in self.probed and gen in self.trees:  # what its data path reached (train/replicas.py `reach`)
+            copies, pos = self.trees[gen]
+            peers = [copies[p] for p in tree.reach_peers(pos[c], len(copies))] if c in pos else []
+            body["unreached"] = [m for m in peers if m in self.cut or c in self.cut]
+            body["reached"] = [m for m in peers if m not in self.cut and c not in self.cut]
         self.req += 1
         self.pending[c] = (self.req, body, t)
         self.at(t, self._report_failed, c, self.req, body)

@@ -327,9 +327,9 @@ def test_a_cut_nobody_sees_is_aborted_past_the_bound_and_the_copy_the_others_can
     coord = coordinator([0, 1, 2])
     assert coord.in_collective(3, 11.0) and calls == [(0, [])] and coord.changing is not None  # aborted
     answers = {}
-    for copy, unreached in ((0, [2]), (1, [2]), (2, [0, 1])):  # the cut copy's leader still reports
-        coord.handle({"op": "failed", "copy": copy, "gen": 0, "step": 3, "sums": [0.0, 0.0, 0.0],
-                      "unreached": unreached}, lambda a, copy=copy: answers.setdefault(copy, a))
+    for copy, reached, unreached in ((0, [1], [2]), (1, [0], [2]), (2, [], [0, 1])):  # the cut copy's leader
+        coord.handle({"op": "failed", "copy": copy, "gen": 0, "step": 3, "sums": [0.0, 0.0, 0.0],  # still reports
+                      "reached": reached, "unreached": unreached}, lambda a, copy=copy: answers.setdefault(copy, a))
     assert decided == [([0, 1], [2])] and answers[0]["op"] == "reform" and answers[0]["copies"] == [0, 1]
     assert answers[2]["op"] == "exit" and coord.history[-1]["aborted"]["why"] == "partition"
     assert coord.history[-1]["aborted"]["cut"] == [2]

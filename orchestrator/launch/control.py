@@ -37,8 +37,9 @@ the TCP server and under the simulator's virtual clock (benchmarks/failover_sim.
   complete anywhere) and the wait is past `collective_s` (the plan's predicted cross-copy
   all-reduce with a margin: plan/timeouts.collective_bound_s): the generation is aborted
   (`abort(gen, [])`, the existing path) and every copy reports at the boundary. A report may
-  say which copies its data path could not reach (`unreached`); a copy that more than half of
-  the other reporters could not reach is declared lost (`cut`), the rest re-form without it. A
+  say which copies its data path reached and could not reach (`reached`, `unreached`: each
+  leader tries its ring neighbours, tree.reach_peers); a copy that more of those that tried it
+  could not reach than could is declared lost (`cut`), the rest re-form without it. A
   straggler is not this (the clock starts when the last copy enters), nor a slow collective that
   completes within the bound. At most MAX_CUT_ABORTS such aborts in a row without a step
   committed: then the collective timeout is the last resort again.
@@ -101,6 +102,7 @@ class Coordinator:
         self.collective_s = collective_s  # the bound on a cross-copy collective every copy is in (None: no bound)
         self.cut_aborts = 0  # partition aborts since the last committed step
         self.unreached: dict[int, set] = {}  # copy -> the copies its data path could not reach (its failed report)
+        self.reached: dict[int, set] = {}  # copy -> the copies it tried and reached
         self.abort = abort  # abort(gen, dead copies): wake the survivors out of gen's cross-copy collectives
         self.aborted: dict | None = None  # {gen, dead, at}: the abort of the current change, for its history
         self.stragglers = stragglers  # launch/stragglers.Stragglers, or None: not watched
@@ -237,9 +239,9 @@ class Coordinator:
             if op == "commit" and self.changing is None:
                 return self._commit(copy, msg["step"], msg["sums"], reply, n, tree.busy_of(msg))
             self.waiting[copy] = reply
-            if op == "failed" and isinstance(msg.get("unreached"), list):
-                self.unreached[copy] = {c for c in msg["unreached"][:len(self.pos)]
-                                        if type(c) is int and c in self.pos and c != copy}
+            for name, into in (("unreached", self.unreached), ("reached", self.reached)):
+                if op == "failed" and isinstance(msg.get(name), list):  # what its data path reached after the abort
+                    into[copy] = {c for c in msg[name][:len(self.pos)] if type(c) is int and c in self.pos and c != copy}
             if n > 1:  # a subtree's sum reaching the boundary: each of its copies reports
                 for p in tree.subtree(self.pos[copy], len(self.current.copies), self.fan_in):
                     self._report(self.current.copies[p], msg["step"])
@@ -372,12 +374,14 @@ class Coordinator:
             self._conclude()
 
     def cut_off(self) -> list[int]:
-        """After a partition abort: the copies that more than half of the other reporters could not
-        reach on the data path (`unreached` in their failed reports); none when that would be
-        every reporter (two copies cut from each other: who is cut is not knowable)."""
+        """After a partition abort: the copies that more of the reporters who tried them could not
+        reach than could (`unreached` / `reached` in their failed reports: each leader tries its
+        ring neighbours, tree.reach_peers); none when that would be every reporter (two copies cut
+        from each other: who is cut is not knowable)."""
         reporters = [c for c in self.reporting if c not in self.dead]
-        votes = Counter(c for r in reporters for c in self.unreached.get(r, ()))
-        cut = sorted(c for c, v in votes.items() if c in self.reporting and v > (len(reporters) - 1) / 2)
+        against = Counter(c for r in reporters for c in self.unreached.get(r, ()))
+        for_ = Counter(c for r in reporters for c in self.reached.get(r, ()))
+        cut = sorted(c for c, v in against.items() if c in self.reporting and v > for_[c])
         return cut if len(cut) < len(reporters) else []
 
     def _conclude(self) -> None:
@@ -409,7 +413,7 @@ class Coordinator:
         self.joiners = {c: r for c, r in self.joiners.items() if c not in self.members and decision.reform}
         self.now = set()  # a joiner left out waits as a spare: it does not ask again
         self.reporting, self.waiting, self.sums, self.dead, self.changing = {}, {}, {}, set(), None
-        self.unreached = {}
+        self.unreached, self.reached = {}, {}
         self.first_at, self.step, self.counted, self.off_tree = None, step, 0, []
         for c, r in replies:
             r(self._answer_for(c))

@@ -164,6 +164,7 @@ class LocalWorkers(Workers):
         if late is None:
             seen = progress.in_collective(beats, now) if self.coordinator is not None else None
             if seen is not None and self.coordinator.in_collective(*seen):  # a cut nobody sees: aborted, re-formed
+                self.policy.detected = time.time()
                 self.say(f"PARTITION: every rank waited {seen[1]:.1f} s in step {seen[0] + 1}'s cross-copy collective "
                          f"with no copy committing it; its generation aborted, re-formed without the copies cut off")
             return
@@ -242,6 +243,7 @@ class LocalWorkers(Workers):
         while True:
             self._inject()
             dropped |= self.fenced_copies  # a hung node's copies, declared lost: their exits are expected
+            dropped |= {c for h in self.coordinator.history for c in (h.get("aborted") or {}).get("cut") or ()}
             self.policy.poll()
             for slot, p in enumerate(self.job.procs):
                 code = p.poll()

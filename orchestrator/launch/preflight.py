@@ -36,7 +36,7 @@ def fault_problems(spec: Config) -> list[Problem]:
     if not fo.straggler_margin > 1 or fo.straggler_steps < 1:
         out.append(Problem("failover.straggler_margin, failover.straggler_steps", f"need a margin above 1 and at least "
                            f"one step, got {fo.straggler_margin} and {fo.straggler_steps}.", "use e.g. 1.3 and 5."))
-    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank):
+    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank, FaultKind.cut_copy):
         world = nodes * spec.hardware.gpus_per_node
         if f.rank is None or not 0 <= f.rank < world:
             out.append(Problem("fault.rank", f"fault.kind={f.kind.value} needs a global rank 0 .. {world - 1}, got "

@@ -77,9 +77,12 @@ def keep_alive(sock) -> None:
 BOUND_FACTOR, BOUND_FLOOR_S = 10.0, 10.0  # B: the cross-copy collective's bound once every rank is in it
 
 
-def collective_bound_s(collective_s: float, collective_c: float) -> float:
+def collective_bound_s(collective_s: float, collective_c: float, fo=None) -> float:
     """B: how long every rank may wait in a step's cross-copy collective with no copy committing it
-    (`collective_s`: the plan's predicted time of that collective; `collective_c`: C)."""
+    (failover.collective_bound_s when set; else from `collective_s`, the plan's predicted time of
+    that collective, and `collective_c`, C)."""
+    if fo is not None and getattr(fo, "collective_bound_s", None) is not None:
+        return float(fo.collective_bound_s)
     return min(float(collective_c) / 2, max(BOUND_FLOOR_S, BOUND_FACTOR * float(collective_s or 0.0)))
 
 
@@ -160,7 +163,7 @@ def from_plan(plan: dict, fo) -> dict:
         t = ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
                    float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
     if "collective_bound_s" not in t:  # a plan written before the bound
-        t = {**t, "collective_bound_s": collective_bound_s(cross_copy_s(plan.get("axes")), t["collective_s"])}
+        t = {**t, "collective_bound_s": collective_bound_s(cross_copy_s(plan.get("axes")), t["collective_s"], fo)}
     return t
 
 
@@ -179,6 +182,12 @@ def problems(fo, t: dict) -> list[Problem]:
                            f"moment could be decided apart.",
                            f"set failover.quorum_s above {t['settle_s']:g} (e.g. {2 * t['settle_s']:g}), or leave "
                            f"it unset."))
+    if "collective_bound_s" in t and not t["collective_bound_s"] < t["collective_s"]:
+        out.append(Problem("failover.collective_bound_s, failover.timeout_s",
+                           f"the cross-copy bound {t['collective_bound_s']:g} s is not below the collective timeout "
+                           f"{t['collective_s']:g} s: a cut would time out before it is aborted.",
+                           f"set failover.collective_bound_s below {t['collective_s']:g} (e.g. "
+                           f"{t['collective_s'] / 4:g}), or leave it unset to derive it."))
     if not t["quorum_s"] < t["collective_s"]:
         out.append(Problem("failover.quorum_s, failover.timeout_s", f"the quorum {t['quorum_s']:g} s is not below "
                            f"the collective timeout {t['collective_s']:g} s: the coordinator would still wait for "
