@@ -104,11 +104,12 @@ def hung(beats: dict[int, Beat], now: float, deadline: float, stall: float | Non
     return min(stopped, key=_behind) if stopped else None
 
 
-def watch(run_dir: Path, deadline: float, lost=(), now: float | None = None, stall: float | None = None) -> Beat | None:
+def watch(run_dir: Path, deadline: float, lost=(), now: float | None = None, stall: float | None = None,
+          beats: dict | None = None) -> Beat | None:
     """The hung rank, for a supervisor that sees only the beats (SLURM: the ranks run on other
-    nodes): every beat but those of hosts already lost (their ranks died with them; a rank that
-    ended well removed its own), by `hung`."""
-    beats = {p: b for p, b in read(run_dir).items() if b.host not in lost}
+    nodes): every beat (`beats`: as read already) but those of hosts already lost (their ranks died
+    with them; a rank that ended well removed its own), by `hung`."""
+    beats = {p: b for p, b in (read(run_dir) if beats is None else beats).items() if b.host not in lost}
     return hung(beats, time.time() if now is None else now, deadline, stall)
 
 

@@ -238,13 +238,14 @@ class SrunWorkers(Workers):
             hit = progress.crashed(self.run_dir, self.lost) if code is None and self.policy is None else None
             if hit is not None:  # one copy: its peers would wait out their collective timeout on it
                 return self._crashed(hit)
-            late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall)
-                    if code is None and not self.crash else None)
+            beats = progress.read(self.run_dir) if code is None and not self.crash else None  # read once a poll
+            late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall, beats=beats)
+                    if beats is not None else None)
             outcome = self._hung(late) if late is not None else None
             if outcome is not None:
                 return outcome
-            if late is None and code is None and self.policy is not None:
-                self._in_collective()
+            if late is None and beats is not None and self.policy is not None:
+                self._in_collective(beats)
             if code is not None:
                 break
             time.sleep(lc.poll_s)
@@ -318,11 +319,11 @@ class SrunWorkers(Workers):
         self.finishing = getattr(self, "finishing", None) or time.monotonic()
         return time.monotonic() - self.finishing > 2 * self.settle + self.spec.launcher.poll_s
 
-    def _in_collective(self) -> None:
+    def _in_collective(self, beats: dict) -> None:
         """Every rank in a step's cross-copy collective: the coordinator judges how long (a partition
         the control plane cannot see, launch/control.Coordinator.in_collective)."""
-        seen = progress.in_collective({p: b for p, b in progress.read(self.run_dir).items()
-                                       if b.host not in self._gone()}, time.time())
+        gone = self._gone()
+        seen = progress.in_collective({p: b for p, b in beats.items() if b.host not in gone}, time.time())
         if seen is not None and self.services.coordinator.in_collective(*seen):
             self.say(f"PARTITION: every rank waited {seen[1]:.1f} s in step {seen[0] + 1}'s cross-copy collective with "
                      f"no copy committing it; its generation aborted, re-formed without the copies cut off")
