@@ -61,6 +61,7 @@ CONSTANTS = {  # stated, not emulated
     "state_gbps": 25.0,  # GB/s at which a spare receives a healthy copy's state
     "store_ops_s": goodput.STORE_OPS_S,  # the store's service rate (replaced by the measured one when torch is there)
     "repair_s": goodput.REPAIR_S,  # a failed node is back, as a spare, after this (the plan's)
+    "probe_s": 1.0,  # after a partition abort a leader tries its ring neighbours on the data path: its connect timeout
 }
 PHASE = 0.4  # where in its step a scenario's failure strikes (Sim.inject)
 L3 = ["training.seq_len=8192", "training.recompute=full", "layout.stage_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]",
@@ -75,7 +76,9 @@ CONFIGS = {  # name: overrides (copies of 128 GPUs: Llama 3 405B's TP8 PP16; of 
     "2k-8": ["model=llama3_8b", "training.seq_len=8192", "cluster.nodes=256", "layout.tp=8", "layout.dp=256",
              "layout.dp_shard=1", "training.global_batch=1024"],
 }
-SCENARIOS = ("crash", "node", "hang", "straggler", "two", "flap", "drain", "supervisor", "partition", "aggregator")
+SCENARIOS = ("crash", "node", "hang", "straggler", "two", "flap", "drain", "supervisor", "partition", "cut",
+             "aggregator")
+BOUND = [True]  # the coordinator's cross-copy bound (plan/timeouts.collective_bound_s); --no-bound: the collective timeout only
 # Llama 3 405B pre-training, 54 days: 419 unexpected interruptions by cause (Table 5), and the kind of
 # failure each is in this model: LLAMA3_TABLE5, imported from the planner (orchestrator/plan/goodput.py),
 # whose goodput prediction weighs the same mix.
@@ -180,6 +183,11 @@ class CoordinatorOnServer:
     def lost(self, copies) -> None:
         self.sim.sup_lost(copies)
 
+    def in_collective(self, step: int, waited_s: float) -> bool:
+        """The watcher's beats (SrunWorkers._in_collective) judged on the root's server (answered later)."""
+        self.sim._on_server(ROOT, self.sim.coord.in_collective, step, waited_s)
+        return False
+
     def take_stragglers(self) -> list:
         found = self.sim.coord.take_stragglers()
         self.sim.named += [s.copy for s in found]  # what the supervisor names (stragglers.name)
@@ -260,6 +268,9 @@ class Sim:
             self.steps = max(self.steps, 4 + int(2 * wait / self.step_s))
         self.slow: dict[int, float] = {}
         self.named: list[int] = []  # copies the supervisor named stragglers
+        self.cut: set[int] = set()  # copies cut off from the others on the data path, their leaders' connections up
+        self.cut_at = 0.0
+        self.probed: set[int] = set()  # generations aborted as a partition: their leaders try their ring neighbours
         self.beats: dict = {}  # copy -> its leader's last progress beat (launch/progress.Beat), read by the watcher
         self.aborted: dict[int, float] = {}  # generation -> when the coordinator aborted its collectives
         self.how: str | None = None  # how the first change was detected: abort (known) or found out
@@ -331,7 +342,9 @@ class Sim:
                                  commit_timeout_s=self.timeout_s, clock=lambda: self.now, fan_in=FAN_IN[0],
                                  push=lambda c, m: self._out.append(("push", c, m)),
                                  stragglers=Stragglers(),  # each commit's busy summary, as the runtime sends
-                                 abort=self._abort)
+                                 abort=self._abort,
+                                 collective_s=self.plan.blast_radius["timeouts"]["collective_bound_s"] if BOUND[0]
+                                 else None)
         self.k = self.coord.fan_in
         self.agg, self.trees = {}, {}
         for c in range(self.R):
@@ -358,10 +371,13 @@ class Sim:
         """The coordinator aborts generation gen's cross-copy collectives (the job's store sets the key on
         each shard, one operation each, and wakes every rank: then a hop): every copy waiting in one
         reports now."""
-        if not dead or gen in self.aborted:
-            return
+        if gen != self.coord.current.gen or gen in self.aborted:
+            return  # (an old generation released once its change concluded: nobody is left in it)
         self.aborted[gen] = self.now
         t = self.now + self.shards / CONSTANTS["store_ops_s"] + self.hop
+        if not dead:  # a partition: each leader tries its peers on the data path before it reports (`unreached`)
+            t += CONSTANTS["probe_s"]
+            self.probed.add(gen)
         self.phase.setdefault("abort", t)
         for (g, step), rd in list(self.rounds.items()):
             if g == gen and not rd.get("done"):
@@ -453,7 +469,9 @@ class Sim:
         self.beat(c, step, "wait")
         if gen in self.aborted:  # aborted already: it leaves the collective at once
             return self._fail_at(rd, c, gen, step, self.now, force=True)
-        broken = [b for b in self.broken if b in rd["members"]]  # O(failures), not O(R)
+        broken = [b for b in (*self.broken, *self.cut) if b in rd["members"]]  # O(failures), not O(R)
+        if c in self.cut:  # cut off: it waits on every other copy (its leader still answers the coordinator)
+            broken = [b for b in rd["members"] if b != c][:1] or [c]
         if broken:
             return self._fail_later(rd, c, gen, step, broken)
         if len(rd["arrived"]) == len(rd["members"]):
@@ -485,7 +503,7 @@ class Sim:
         """The all-reduce cannot finish: after a reset (a crash) or the collective's timeout (a silent
         peer), this copy's leader reports the failure straight to the coordinator (sooner when the
         coordinator aborts the generation first: _abort)."""
-        kind, tf = self.broken[broken[0]]
+        kind, tf = self.broken.get(broken[0], ("cut", self.cut_at))
         delay = CONSTANTS["reset_s"] if kind == "crash" else self.timeout_s
         self._fail_at(rd, c, gen, step, max(self.now, tf) + delay)
 
@@ -498,6 +516,11 @@ class Sim:
         rd["reported"].add(c)
         rd.setdefault("reported_at", {})[c] = t
         body = {"op": "failed", "copy": c, "gen": gen, "step": step, "sums": [0.0, 0.0, 0.0]}
+        if gen in self.probed and gen in self.trees:  # what its data path reached (train/replicas.py `reach`)
+            copies, pos = self.trees[gen]
+            peers = [copies[p] for p in tree.reach_peers(pos[c], len(copies))] if c in pos else []
+            body["unreached"] = [m for m in peers if m in self.cut or c in self.cut]
+            body["reached"] = [m for m in peers if m not in self.cut and c not in self.cut]
         self.req += 1
         self.pending[c] = (self.req, body, t)
         self.at(t, self._report_failed, c, self.req, body)
@@ -683,6 +706,14 @@ class Sim:
         if kind == "drain":
             self.drained |= set(copies)
             return
+        if kind == "cut":  # the data path only: alive, beating, its leader's connection up; SLURM sees nothing
+            self.cut |= set(copies)
+            self.cut_at = self.now
+            for (gen, step), rd in list(self.rounds.items()):  # copies already waiting in the all-reduce
+                if set(copies) & rd["members"] and not rd.get("done"):
+                    for c in list(rd["arrived"]):
+                        self._fail_later(rd, c, gen, step, copies)
+            return
         for c in copies:  # a partitioned node stays up for SLURM (and a crash leaves it up)
             self.broken[c] = (kind, self.now)
             if kind == "partition" and c in self.beats:  # cut off, alive: it blocks in the collective and beats so
@@ -740,7 +771,7 @@ class Sim:
     def result(self) -> dict:
         lat = sorted(self.lat) or [0.0]
         decisions = self.coord.history
-        evicted = sorted({c for d in decisions for c in d["dead"]} - set(self.broken) - self.drained)
+        evicted = sorted({c for d in decisions for c in d["dead"]} - set(self.broken) - self.drained - self.cut)
         waiting = len(self.coord.waiting)
         out = {"scenario": self.scenario, "ranks": self.N, "copies": self.R, "fan_in": self.k,
                "step_s": round(self.step_s, 3),
@@ -751,7 +782,8 @@ class Sim:
                "max_wait_s": round(self.max_wait, 3), "supervisor_exit": self.code,
                "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1, "steps": self.steps,
                "server_cpu_s": round(self.busy, 3), "stragglers_named": sorted(self.named),
-               "survivors_released": self.how, "step_stopped": self.stopped}
+               "survivors_released": self.how, "step_stopped": self.stopped,
+               "declared_cut": sorted({c for d in decisions for c in ((d.get("aborted") or {}).get("cut") or ())})}
         if self.scenario == "supervisor":  # the coordinator dies with its node: the standby takes over
             t = takeover(self.plan, (3 + PHASE) * self.step_s, self.dir / "lease_run")
             every = self.plan.blast_radius["checkpoint_interval_s"] or 0  # the restart after it: stated
@@ -941,10 +973,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides added to every configuration (e.g. failover.store_shards=1: one store server)")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="no cross-copy bound (the collective timeout alone: how a cut went before it)")
     ap.add_argument("--store-ops-s", type=float, default=None,
                     help="each store shard's service rate (default: measured here; the plan's is "
                          f"{goodput.STORE_OPS_S:g}): to compare runs on a loaded machine")
     a = ap.parse_args()
+    BOUND[0] = not a.no_bound
     for name in CONFIGS:
         CONFIGS[name] = CONFIGS[name] + a.set
     CONSTANTS["store_ops_s"] = a.store_ops_s or measured_store_ops_s() or CONSTANTS["store_ops_s"]

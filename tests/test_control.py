@@ -296,3 +296,51 @@ def test_a_copy_known_lost_aborts_the_generation_at_once_and_the_decision_releas
                  lambda a: answers.setdefault(1, a))
     assert answers[0] == answers[1] and answers[0]["op"] == "reform" and answers[0]["copies"] == [0, 1]
     assert calls == [(0, [2]), (0, [])] and coord.history[-1]["aborted"]["dead"] == [2]
+
+
+def test_a_cut_nobody_sees_is_aborted_past_the_bound_and_the_copy_the_others_cannot_reach_is_lost():
+    """#36: a copy cut off on the data path while its leader's connection is up. Every rank beats
+    `wait` (launch/progress.in_collective reads the real beats); the coordinator aborts only when
+    every rank is in the step's collective past the bound with no commit of the step in, never on a
+    straggler (a rank not there yet) or a collective whose commit round is merely slow; the reports
+    then name whom each copy could not reach, and the copy most could not reach is declared lost."""
+    from orchestrator.launch.control import MAX_CUT_ABORTS
+    from orchestrator.launch.progress import Beat, in_collective
+
+    def beats(*phases, now=100.0, last=11.0):  # one rank per copy; the last entered `last` s before `now`
+        return {i: Beat(i, 3, p == "end", now - last - (len(phases) - 1 - i), i, f"n{i}", i, p == "wait")
+                for i, p in enumerate(phases)}
+
+    assert in_collective(beats("wait", "wait", "begin"), 100.0) is None  # a straggler: the others wait on it
+    assert in_collective(beats("wait", "wait", "wait"), 100.0) == (3, 11.0)
+    clock, calls, decided = [0.0], [], []
+
+    def coordinator(copies):
+        return Coordinator(copies, "plan0", lambda alive, dead, joiners, step: decided.append((alive, dead))
+                           or Decision(True, "plan1", alive), quorum_s=5.0, clock=lambda: clock[0],
+                           abort=lambda gen, dead: calls.append((gen, dead)), collective_s=10.0)
+
+    coord = coordinator([0, 1, 2])
+    assert not coord.in_collective(*in_collective(beats("wait", "wait", "wait", last=5.0), 100.0))  # within
+    coord.handle({"op": "commit", "copy": 0, "gen": 0, "step": 3, "sums": [1.0, 1.0, 0.0]}, lambda a: None)
+    assert not coord.in_collective(3, 50.0) and calls == []  # the collective completed: its commit round is slow
+    coord = coordinator([0, 1, 2])
+    assert coord.in_collective(3, 11.0) and calls == [(0, [])] and coord.changing is not None  # aborted
+    answers = {}
+    for copy, reached, unreached in ((0, [1], [2]), (1, [0], [2]), (2, [], [0, 1])):  # the cut copy's leader
+        coord.handle({"op": "failed", "copy": copy, "gen": 0, "step": 3, "sums": [0.0, 0.0, 0.0],  # still reports
+                      "reached": reached, "unreached": unreached}, lambda a, copy=copy: answers.setdefault(copy, a))
+    assert decided == [([0, 1], [2])] and answers[0]["op"] == "reform" and answers[0]["copies"] == [0, 1]
+    assert answers[2]["op"] == "exit" and coord.history[-1]["aborted"]["why"] == "partition"
+    assert coord.history[-1]["aborted"]["cut"] == [2]
+    two = coordinator([0, 1])  # two copies cut from each other: who is cut cannot be known; both go on
+    assert two.in_collective(0, 11.0)
+    for copy in (0, 1):
+        two.handle({"op": "failed", "copy": copy, "gen": 0, "step": 0, "sums": [0.0, 0.0, 0.0],
+                    "unreached": [1 - copy]}, lambda a: None)
+    assert decided[-1] == ([0, 1], [])
+    for gen in range(1, MAX_CUT_ABORTS):  # still cut, no step committed: at most MAX_CUT_ABORTS aborts in a row
+        assert two.in_collective(0, 11.0)
+        for copy in (0, 1):
+            two.handle({"op": "failed", "copy": copy, "gen": gen, "step": 0, "sums": [0.0, 0.0, 0.0]}, lambda a: None)
+    assert not two.in_collective(0, 11.0)  # then the collective timeout is the last resort again

@@ -4,7 +4,8 @@ coordinator, commit tree and in-place decision, leaders emulated on a virtual cl
 (benchmarks/failover_sim.py). Every failure kind recovers in place (an aggregator's death
 included), no healthy copy is dismissed, nobody is left waiting, every wait ends within the
 timeouts, and no step is lost; a loss that is known (a crash, a node down, a stalled copy) aborts
-the survivors' collectives instead of waiting for their timeout; the straggler is named; the
+the survivors' collectives instead of waiting for their timeout, and so does a cut of the data path
+alone (every copy in the collective past the plan's bound); the straggler is named; the
 supervisor's node lost is recovered by its standby taking over through the real lease. The
 replay's arithmetic is checked on given costs (an unrecovered kind is charged a restart, a failure
 with no spare left shrinks the copies). Behaviour only: the timings are the benchmark's to print."""
@@ -17,7 +18,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import failover_sim  # noqa: E402
 
-IN_PLACE = ["crash", "node", "hang", "straggler", "two", "flap", "drain", "partition", "aggregator"]
+IN_PLACE = ["crash", "node", "hang", "straggler", "two", "flap", "drain", "partition", "cut", "aggregator"]
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,11 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
         lost = 2 if kind == "two" else 1
         assert r["redo"] == "kept" and p["recomputed_mb"] == -(-lost * per_copy // r["copies"]) == 1, r
     assert r["max_wait_s"] <= r["wait_bound_s"], r  # no wait without end: no leader waited past the ladder
-    if kind in ("node", "hang", "two", "flap", "partition"):  # known lost (its leader's connection unanswered,
-        assert r["survivors_released"] == "abort", r  # its beats stalled): aborted, not timed out
-        assert r["detected_s"] < failover_sim.plan_of("2k-8").spec.failover.timeout_s, r
+    if kind in ("node", "hang", "two", "flap", "partition", "cut"):  # known lost (its leader's connection unanswered,
+        assert r["survivors_released"] == "abort", r  # its beats stalled, every rank in the collective past
+        assert r["detected_s"] < failover_sim.plan_of("2k-8").spec.failover.timeout_s, r  # its bound): aborted
+    # a cut on the data path alone: the copy the others cannot reach is the one declared lost, nobody else
+    assert r["declared_cut"] == ([r["copies"] - 1] if kind == "cut" else []), r
     # (how long recovery takes is the benchmark's to print: failover_sim.py, recovery_s beside wait_bound_s)
 
 

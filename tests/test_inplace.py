@@ -122,6 +122,29 @@ def test_a_hung_copy_is_aborted_on_knowledge_not_on_the_collective_timeout(tmp_p
     assert samples_read(run) == list(range(8 * 16))
 
 
+def test_a_copy_cut_off_on_the_data_path_with_its_leader_connected_is_aborted_at_the_bound(tmp_path, uninterrupted):
+    """#36: copy 3 of 4 (rank 3) is cut off from the others on the data path from step 4 on
+    (fault.kind=cut_copy): its ranks stay alive in the cross-copy all-reduce and its leader's control
+    connection stays up, so every rank beats `wait` and no deadline names anyone. Past the cross-copy
+    bound (3 s here, far below the 120 s collective timeout) the coordinator aborts the generation;
+    each leader tries its ring neighbours on the data path, copy 3 is the one the others cannot
+    reach and is declared lost, and the other three go on in place with the uninterrupted losses."""
+    four = [a for a in COMMON if not a.startswith(("layout.dp", "hardware.gpus_per_node"))]  # 4 copies of 1 rank
+    r = run_cli([*four, "layout.dp=4", "layout.dp_shard=1", "hardware.gpus_per_node=1", "cluster.nodes=4",
+                 "training.steps=6", "fault.kind=cut_copy", "fault.rank=3", "fault.at_step=3",
+                 "failover.timeout_s=120", "failover.collective_bound_s=3"], tmp_path, timeout=600)
+    run = tmp_path / "run"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (event,) = failovers(run)
+    assert event["mode"] == "in_place" and event["copies_lost"] == [3] and event["new_layout"]["dp"] == 3, event
+    assert event["survivors_released"] == "abort", event
+    assert "PARTITION:" in r.stdout, r.stdout[-3000:]
+    assert "reached [], not [0, 2, 1]" in (run / "logs" / "rank3.log").read_text()  # it reaches nobody
+    got = losses_by_step(run)
+    assert [got[s] for s in range(6)] == pytest.approx([uninterrupted[s] for s in range(6)], rel=1e-5)
+    assert samples_read(run) == list(range(6 * 16))
+
+
 def test_the_store_shards_hold_each_group_whole_and_every_shard_serves(monkeypatch):
     """#36: the job's store as the launchers start it with three shards (train/rendezvous.py). Two
     ranks at the same position of copies 0 and 1 (each with its own JobStores, as two processes)

@@ -113,3 +113,81 @@ def test_a_fenced_supervisor_decides_and_writes_nothing(tmp_path):
     code = supervise(plan, tmp_path, _FencedWhileWaiting(), say=lambda *a, **k: None)
     assert code == rundir.EXIT_FENCED
     assert read_status(tmp_path)["state"] == "running" and not (tmp_path / rundir.FAILOVER_JSON).exists()
+
+
+class _Step:
+    """A standby's srun step: running until its node dies."""
+
+    def __init__(self):
+        self.code = None
+
+    def poll(self):
+        return self.code
+
+
+def test_a_standby_whose_node_dies_is_replaced_on_another_node(tmp_path):
+    """The supervisor keeps a standby (lease.Standby, looked after at each renewal by the real
+    Renewer): on the last node first; when its step ends while the run goes on (its node died) a
+    new one starts on the next node that is neither the supervisor's, lost, nor one tried before;
+    none once the run is over."""
+    from orchestrator.launch.lease import Standby
+
+    active = Lease(tmp_path, 1.0, holder="sup", host="n1")
+    active.acquire()
+    started, steps, lost, going = threading.Event(), {}, set(), [True]
+
+    def start(node):
+        steps[node] = _Step()
+        started.set()
+        return steps[node]
+    standby = Standby(["n1", "n2", "n3", "n4"], "n1", start, gone=lambda: lost, going=lambda: going[0])
+    assert standby.check() == "n4" and standby.check() is None  # one runs: nothing more
+    lost.add("n3")  # a node the supervisor lost: never a standby's
+    renewer = Renewer(active, 0.02, lambda: None, on_renewed=standby.check)
+    started.clear()
+    steps["n4"].code = -9  # the standby's node died: its srun step ended
+    assert started.wait(timeout=30.0)  # the next renewal started another (bounded wait on the start itself)
+    renewer.stop()
+    assert standby.tried == ["n4", "n2"] and standby.node == "n2"
+    steps["n2"].code = -9
+    assert standby.check() is None and standby.tried == ["n4", "n2"]  # n1 is the supervisor's, n3 lost: none left
+    going[0] = False
+    lost.clear()
+    assert standby.check() is None  # the run is over: none started
+
+
+def test_a_takeover_counts_toward_the_failover_budget_and_is_refused_past_it(tmp_path, monkeypatch):
+    """A standby's takeover restarts the ranks: its supervisor_takeover event counts toward
+    failover.max_failovers_per_hour like a restart (failover.why_stop), and a takeover past that
+    budget stops the run (batch.take_over: recorded, the status failed, nothing resumed)."""
+    import time
+
+    from orchestrator.launch import batch, failover, runs, srun
+    from orchestrator.rundir import events
+
+    plan = plan_of("hardware=cpu", "model=tiny", "launcher=slurm", "cluster.nodes=3", "hardware.gpus_per_node=1",
+                   "failover.max_failovers_per_hour=2")
+    now = time.time()
+    takeovers = [{"mode": "supervisor_takeover", "time": now - 600}, {"mode": "supervisor_takeover", "time": now - 60}]
+    assert failover.why_stop(plan, takeovers[:1], 3, now=now) is None
+    assert "max_failovers_per_hour=2" in failover.why_stop(plan, takeovers, 3, now=now)[0]
+    assert "max_failovers_per_hour=2" in failover.why_stop(plan, [{"mode": "restart", "time": now - 5}]
+                                                           + takeovers[1:], 3, now=now)[0]
+    monkeypatch.setattr(runs, "load_plan", lambda run_dir, latest=True: plan)
+    monkeypatch.setattr(srun, "resume", lambda *a, **k: 0)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    old = Lease(tmp_path, 1.0, holder="n1:7", host="n1")
+    assert old.acquire()
+    held = old.read()  # what the standby read when the lease expired
+    lease = Lease(tmp_path, 1.0, holder="n3:9", host="n3")
+    assert lease.acquire(after=old.generation)
+    for e in takeovers[:1]:
+        events.record(tmp_path, e)
+    assert batch.take_over(plan.spec, tmp_path, lease, held) == 0  # one in the hour: within the budget
+    events.record(tmp_path, takeovers[1])
+    monkeypatch.setattr(srun, "resume", lambda *a, **k: (_ for _ in ()).throw(AssertionError("resumed")))
+    assert batch.take_over(plan.spec, tmp_path, lease, held) == rundir.EXIT_FAILED
+    refused = [e for e in events.read_events(tmp_path) if e["mode"] == "supervisor_takeover_refused"]
+    assert len(refused) == 1 and "max_failovers_per_hour=2" in refused[0]["reason"]
+    assert read_status(tmp_path)["state"] == "failed"

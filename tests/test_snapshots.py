@@ -186,24 +186,31 @@ def test_a_rank_restores_the_snapshot_it_took_and_reads_the_checkpoint_when_a_ke
     assert r.stdout.splitlines() == ["restored 3 True", "keeper gone None"], r.stdout + r.stderr[-3000:]
 
 
-def test_srun_keepers_are_found_by_what_they_announce_and_a_takeover_adopts_only_live_ones(tmp_path):
+def test_srun_keepers_are_found_by_what_they_announce_and_a_takeover_adopts_only_live_ones(tmp_path, monkeypatch):
     """Under SLURM each keeper writes RUN_DIR/keepers/<node>.json (launch/keepers.SrunKeepers): the
     launcher takes only the addresses of its own start (its token, not an earlier job's file), and a
     standby that took over adopts the keepers that still answer with the job's key, whose snapshots
-    a restart then reads; one whose node died (its process gone) is left out."""
+    a restart then reads; one whose node died (its process gone) or froze (it accepts, never answers:
+    the round asks every keeper at once, keeper.ask_all, and leaves it out at its timeout) is left out."""
     import json
     import os
+    import socket
     import subprocess
     import sys
     import time
 
     from orchestrator import rundir
+    from orchestrator.launch import keepers as launch_keepers
     from orchestrator.launch.keepers import SrunKeepers
 
     ks = SrunKeepers(None, tmp_path)
     key_file, folder = ks.key_file(), tmp_path / rundir.KEEPERS
     folder.mkdir()
     rundir.write_json(folder / "node3.json", {"node": "node3", "addr": "127.0.0.1:1", "token": "an earlier job's"})
+    frozen = socket.create_server(("127.0.0.1", 0))  # node4's machine froze: its kernel accepts, nobody answers
+    rundir.write_json(folder / "node4.json", {"node": "node4", "addr": f"127.0.0.1:{frozen.getsockname()[1]}",
+                                              "token": "T"})
+    monkeypatch.setattr(launch_keepers, "ADOPT_S", 1.0)
     procs = {n: subprocess.Popen([sys.executable, "-m", "orchestrator.train.keeper", str(key_file),
                                   f"--announce={folder}", "--token=T"], env=dict(os.environ, SLURMD_NODENAME=n),
                                  stdout=subprocess.DEVNULL) for n in ("node1", "node2")}
@@ -218,11 +225,12 @@ def test_srun_keepers_are_found_by_what_they_announce_and_a_takeover_adopts_only
         procs["node2"].kill()  # node2 lost
         procs["node2"].wait()
         standby = SrunKeepers(None, tmp_path)  # a takeover: nothing started by it
-        assert standby.adopt(["node1", "node2", "node3"]) == {"node1": said["node1"]}
+        assert standby.adopt(["node1", "node2", "node3", "node4"]) == {"node1": said["node1"]}
         assert standby.env_for(["node1"])[keeper.ENV_KEEPERS] == said["node1"]  # kept, none started
         point = standby.resume_point(str(tmp_path / "checkpoints"), done=4)
         assert point["source"] == "snapshot" and point["step"] == 3 and point["holders"] == {"0": [said["node1"]]}
     finally:
+        frozen.close()
         for p in procs.values():
             p.kill()
             p.wait()

@@ -177,6 +177,10 @@ def test_other_lists_name_their_entries():
                           "fault.kill_node=[1,7,1]", "training.steps=5"]))
     (e,) = [p for p in fault_problems(spec) if p.key == "fault.kill_node"]
     assert "[1]=7 is not a node of 0 .. 3" in e.message and "[2]=1 named before" in e.message, str(e)
+    spec = typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=2", "layout.dp=2", "layout.dp_shard=1",
+                          "fault.kind=cut_copy", "fault.rank=1", "fault.at_step=2", "training.steps=5"]))
+    (e,) = [p for p in fault_problems(spec) if p.key == "fault.kind"]  # two copies: which one is cut is unknowable
+    assert "holds 2 copies" in e.message and "at least 3 copies" in e.fix, str(e)
 
 
 def test_errors_are_collected_not_only_the_first():

@@ -74,6 +74,10 @@ class FaultKind(str, Enum):
     # every rank of node fault.kill_node sleeps fault.slow_s more each step from fault.at_step on
     # (a throttled GPU, a bad link): a straggler (failover.straggler_*)
     slow_node = "slow_node"
+    # global rank fault.rank's copy of the state is cut off from the other copies on the data path
+    # from fault.at_step on (first attempt): its ranks stay alive in the cross-copy collective and
+    # its leader's control connection stays up (a partition the control plane cannot see)
+    cut_copy = "cut_copy"
 
 
 class BatchPolicy(str, Enum):
@@ -505,6 +509,11 @@ class FailoverConfig:
     # rundir.store_shards): each group's keys live on one shard, so a generation's rebuild of its
     # cross-copy groups runs on all of them at once (train/replicas.py, plan/goodput.rebuild_s).
     store_shards: Optional[int] = None
+    # A cut the control plane cannot see: every rank in a step's cross-copy collective this long
+    # with no copy committing it -> the coordinator aborts the generation and re-forms it without
+    # the copy the others cannot reach (launch/control.py). None: 10 x the plan's predicted
+    # cross-copy collective, at least 10 s, at most half of timeout_s (plan/timeouts.py).
+    collective_bound_s: Optional[float] = None
     # A straggler: a copy whose own work in a step (before it waits on the other copies) took more
     # than straggler_margin x the copies' median for straggler_steps steps in a row (steps its copy
     # spent saving a checkpoint are not counted). It is named in status.json, TensorBoard and

@@ -6,7 +6,8 @@ allocation's first node) claims the run's lease (launch/lease.py), renews it eve
 L / LEASE_RENEWALS on a thread, and runs the failover loop with srun steps (srun.resume). With
 more than one node it also starts a standby supervisor, an srun step of one task on the
 allocation's last node (srun.start_standby; `python -m orchestrator.launch.batch RUN_DIR`, its log
-RUN_DIR/logs/standby.log). The standby looks at the lease as often as it is renewed; when it has
+RUN_DIR/logs/standby.log); when the standby's step ends while the run goes on (its node died), the
+supervisor starts another on the next node of the allocation (lease.Standby, looked at every renewal). The standby looks at the lease as often as it is renewed; when it has
 not been renewed for L (failover.lease_s) the first node is taken to be gone (the supervisor, the
 coordinator and the job's store with it) and the standby takes over in the same allocation,
 without a requeue (`take_over`):
@@ -20,6 +21,8 @@ without a requeue (`take_over`):
    latest attempt's plan, re-planned on the survivors when they are fewer than it needs), from the
    newest memory snapshot the surviving keepers hold when it is newer than the last complete
    checkpoint, else from the checkpoint (srun.takeover_point);
+   A takeover restarts the ranks: it counts against failover.max_failovers(_per_hour) like a
+   restart, and when that budget is spent the standby stops the run instead (`refuse_takeover`);
 4. failover.json records a `supervisor_takeover` event: who took over, from whom, on which node,
    the lease's age when it did (seconds.detection) and how long until the ranks could start
    again (seconds.takeover), and where it resumed (resumed_from, resumed_from_step; snapshot_not_used: why not
@@ -45,7 +48,7 @@ from orchestrator.launch import failover, sbatch, srun
 from orchestrator.launch.lease import Lease, for_run, me
 from orchestrator.rundir import EXIT_STOPPED, events
 from orchestrator.launch.runs import DONE
-from orchestrator.launch.status import read_status
+from orchestrator.launch.status import read_status, write_status
 from orchestrator.plan.timeouts import lease_period_s
 
 
@@ -83,6 +86,16 @@ def take_over(spec, run_dir: Path, lease: Lease, held: dict) -> int:
           f"(timeout {lease.timeout_s:g} s); {lease.holder} takes over as generation {lease.generation}", flush=True)
     cancel_steps(job, keep=mine)
     dead = held.get("host")
+    refused = refuse_takeover(run_dir)
+    if refused is not None:  # the budget is spent: a supervisor lost is one more restart of the ranks
+        events.record(run_dir, {"mode": "supervisor_takeover_refused", "by": lease.holder, "from": held.get("holder"),
+                                "node": dead, "generation": lease.generation, "reason": refused})
+        write_status(run_dir, state="failed", message=f"the standby supervisor {lease.holder} did not take over: "
+                     f"{refused}")
+        print(f"STOPPED: the standby does not take over: {refused}", flush=True)
+        lease.release()
+        end_job(rundir.EXIT_FAILED)
+        return rundir.EXIT_FAILED
     nodes = [n for n in srun.hostnames(os.environ["SLURM_JOB_NODELIST"]) if n != dead]
 
     def started(plan, first_attempt: int, point: dict) -> None:  # the ranks start again: the event says how
@@ -100,6 +113,15 @@ def take_over(spec, run_dir: Path, lease: Lease, held: dict) -> int:
     elif code != rundir.EXIT_FENCED:
         end_job(code)
     return code
+
+
+def refuse_takeover(run_dir: Path, now: float | None = None) -> str | None:
+    """Why this takeover would exceed failover.max_failovers(_per_hour) (None: it does not): a
+    takeover restarts the ranks, and counts against the budget as a restart does (its
+    `supervisor_takeover` event; failover.over_budget)."""
+    from orchestrator.launch.runs import load_plan
+
+    return failover.over_budget(load_plan(run_dir), events.read_events(run_dir), now)
 
 
 def cancel_steps(job: str, keep: str | None) -> None:

@@ -29,6 +29,20 @@ the TCP server and under the simulator's virtual clock (benchmarks/failover_sim.
   report at the boundary without waiting for the collective timeout, which stays the last
   resort for a loss nobody noticed. When a change concludes, `abort(old_gen, [])` releases the
   old generation's watchers (nobody is left in its collectives but the copies cut off).
+- a partition the control plane cannot see (a copy cut off from the others on the data path
+  while its leader's connection is up): every copy waits in the step's cross-copy collective,
+  and all beat `wait`, so no deadline names anyone. The watcher (launch/progress.in_collective,
+  from the beats) tells `in_collective(step, waited_s)` once every rank is in step s's collective,
+  the last of them `waited_s` ago; no commit of step s has arrived (the collective did not
+  complete anywhere) and the wait is past `collective_s` (the plan's predicted cross-copy
+  all-reduce with a margin: plan/timeouts.collective_bound_s): the generation is aborted
+  (`abort(gen, [])`, the existing path) and every copy reports at the boundary. A report may
+  say which copies its data path reached and could not reach (`reached`, `unreached`: each
+  leader tries its ring neighbours, tree.reach_peers); a copy that more of those that tried it
+  could not reach than could is declared lost (`cut`), the rest re-form without it. A
+  straggler is not this (the clock starts when the last copy enters), nor a slow collective that
+  completes within the bound. At most MAX_CUT_ABORTS such aborts in a row without a step
+  committed: then the collective timeout is the last resort again.
 - stragglers: each commit carries the copy's own work in the step (`busy`, seconds) and
   whether a checkpoint save shared it; each committed step feeds them to `stragglers`
   (launch/stragglers.py), and the launcher takes who was named.
@@ -81,12 +95,17 @@ class Decision:
 
 
 OPS = ("commit", "failed", "join", "bye", "hi", "tree")
+MAX_CUT_ABORTS = 2  # partition aborts in a row with no step committed between them (then: the collective timeout)
 
 
 class Coordinator:
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float = 5.0,
                  commit_timeout_s: float = 60.0, clock=time.monotonic, fan_in: int = 0, push=None, stragglers=None,
-                 abort=None):
+                 abort=None, collective_s: float | None = None):
+        self.collective_s = collective_s  # the bound on a cross-copy collective every copy is in (None: no bound)
+        self.cut_aborts = 0  # partition aborts since the last committed step
+        self.unreached: dict[int, set] = {}  # copy -> the copies its data path could not reach (its failed report)
+        self.reached: dict[int, set] = {}  # copy -> the copies it tried and reached
         self.abort = abort  # abort(gen, dead copies): wake the survivors out of gen's cross-copy collectives
         self.aborted: dict | None = None  # {gen, dead, at}: the abort of the current change, for its history
         self.stragglers = stragglers  # launch/stragglers.Stragglers, or None: not watched
@@ -136,9 +155,29 @@ class Coordinator:
                 self.dead |= gone
                 self._begin_change()
                 if self.abort is not None:  # known lost: nobody waits for the collective timeout on it
-                    self.aborted = {"gen": self.current.gen, "dead": sorted(self.dead), "at": self.clock()}
+                    self.aborted = {"gen": self.current.gen, "dead": sorted(self.dead), "at": self.clock(),
+                                    "why": "lost"}
                     self.abort(self.current.gen, sorted(self.dead))
                 self._maybe_conclude()
+
+    def in_collective(self, step: int, waited_s: float) -> bool:
+        """The watcher saw every rank of the job in step `step`'s cross-copy collective (or its commit),
+        the last of them for `waited_s` seconds. True when that is past the bound with no commit of
+        the step in: a partition nobody sees; the generation's collectives are aborted now."""
+        with self.lock:
+            if (self.collective_s is None or self.abort is None or self.changing is not None or not self.members
+                    or waited_s <= self.collective_s or self.cut_aborts >= MAX_CUT_ABORTS):
+                return False
+            if self.first_at is not None or self.counted or self.granted[1] == step or (
+                    self.step is not None and step < self.step):
+                return False  # a commit of the step came in: the collective completed (its commit round is slow)
+            self.cut_aborts += 1
+            self.aborted = {"gen": self.current.gen, "dead": [], "at": self.clock(), "why": "partition",
+                            "step": step, "waited_s": waited_s, "bound_s": self.collective_s}
+            self._begin_change()
+            self.abort(self.current.gen, [])
+            self._maybe_conclude()
+            return True
 
     def admit(self, copy: int) -> None:
         """A launched copy may come in at the next boundary (it still sends its join)."""
@@ -203,6 +242,9 @@ class Coordinator:
             if op == "commit" and self.changing is None:
                 return self._commit(copy, msg["step"], msg["sums"], reply, n, tree.busy_of(msg))
             self.waiting[copy] = reply
+            for name, into in (("unreached", self.unreached), ("reached", self.reached)):
+                if op == "failed" and isinstance(msg.get(name), list):  # what its data path reached after the abort
+                    into[copy] = {c for c in msg[name][:len(self.pos)] if type(c) is int and c in self.pos and c != copy}
             if n > 1:  # a subtree's sum reaching the boundary: each of its copies reports
                 for p in tree.subtree(self.pos[copy], len(self.current.copies), self.fan_in):
                     self._report(self.current.copies[p], msg["step"])
@@ -274,6 +316,7 @@ class Coordinator:
         self.off_tree = []
         self.granted = (self.current.gen, step, answer)
         self.commits += 1
+        self.cut_aborts = 0
         self.last_commit = time.time()
         if self.stragglers is not None and self.busy is not None:
             self.stragglers.observe(step, self.busy)
@@ -333,7 +376,22 @@ class Coordinator:
         if all(c in self.reporting for c in self.members if c not in self.dead):
             self._conclude()
 
+    def cut_off(self) -> list[int]:
+        """After a partition abort: the copies that more of the reporters who tried them could not
+        reach than could (`unreached` / `reached` in their failed reports: each leader tries its
+        ring neighbours, tree.reach_peers); none when that would be every reporter (two copies cut
+        from each other: who is cut is not knowable)."""
+        reporters = [c for c in self.reporting if c not in self.dead]
+        against = Counter(c for r in reporters for c in self.unreached.get(r, ()))
+        for_ = Counter(c for r in reporters for c in self.reached.get(r, ()))
+        cut = sorted(c for c, v in against.items() if c in self.reporting and v > for_[c])
+        return cut if len(cut) < len(reporters) else []
+
     def _conclude(self) -> None:
+        cut = self.cut_off() if self.unreached else []  # (after a partition abort, or a collective timed out)
+        self.dead |= set(cut)
+        if self.aborted is not None and self.aborted.get("why") == "partition":
+            self.aborted["cut"] = cut
         alive = [c for c in self.current.copies if c in self.reporting and c not in self.dead]
         dead = [c for c in self.current.copies if c not in alive]
         steps = [self.reporting[c] for c in alive]
@@ -363,6 +421,7 @@ class Coordinator:
         self.joiners = {c: r for c, r in self.joiners.items() if c not in self.members and decision.reform}
         self.now = set()  # a joiner left out waits as a spare: it does not ask again
         self.reporting, self.waiting, self.sums, self.dead, self.changing = {}, {}, {}, set(), None
+        self.unreached, self.reached = {}, {}
         self.first_at, self.step, self.counted, self.off_tree = None, step, 0, []
         for c, r in replies:
             r(self._answer_for(c))
@@ -405,7 +464,7 @@ class JobServices:
 
     def __init__(self, copies: list[int], plan_dir: str, decide, quorum_s: float, host: str,
                  run_dir: str | None = None, commit_timeout_s: float = 60.0, say=None, stragglers=None,
-                 shards: int = 1):
+                 shards: int = 1, collective_s: float | None = None):
         self.run_dir, self.say = Path(run_dir or plan_dir), say or (lambda text: print(text, flush=True))
         bind = bind_address(host)
         key_file = wire.make_secret(self.run_dir)
@@ -414,7 +473,7 @@ class JobServices:
         ports = [int(p) for p in self.rendezvous.stdout.readline().split()]
         self.job = f"job{os.environ.get('SLURM_JOB_ID') or secrets.token_hex(4)}.{secrets.token_hex(2)}"
         self.coordinator = Coordinator(copies, plan_dir, decide, quorum_s=quorum_s, commit_timeout_s=commit_timeout_s,
-                                       stragglers=stragglers, abort=self._abort)
+                                       stragglers=stragglers, abort=self._abort, collective_s=collective_s)
         self.reported = 0
         self.server = ControlServer(self.coordinator, wire.read_secret(key_file), host=bind, on_tick=self._report)
         self.env = {rundir.ENV_STORE: ",".join(f"{bind}:{port}" for port in ports), rundir.ENV_CONTROL: self.server.address(bind),

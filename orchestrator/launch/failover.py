@@ -157,6 +157,23 @@ def decide(failures: list[Failure], plan, copies_alive: int | None = None, spare
     return Verdict("restart", f"{what}; re-plan and restart ({why or 'not in place'})", lost, excluded)
 
 
+BUDGET_MODES = ("restart", "supervisor_takeover")  # failover.json events that count against the failure budget
+
+
+def over_budget(plan, history, now: float | None = None) -> str | None:
+    """Why one more restart of the ranks exceeds failover.max_failovers(_per_hour) (None: it does
+    not): what a standby asks before it takes over (launch/batch.take_over)."""
+    fo, now = plan.spec.failover, time.time() if now is None else now
+    counted = [e for e in history if e.get("mode") in BUDGET_MODES and e.get("counted", True)]
+    if fo.max_failovers is not None and len(counted) >= fo.max_failovers:
+        return f"failover.max_failovers={fo.max_failovers} reached"
+    rate, derived = budget_per_hour(plan)
+    recent = [e for e in counted if e.get("time", 0.0) > now - 3600]
+    if len(recent) >= rate:
+        return f"{len(recent)} restarts in the last hour reach failover.max_failovers_per_hour={rate:g}{derived}"
+    return None
+
+
 def why_stop(plan, history, done: int, error: str | None = None, now: float | None = None) -> tuple[str, str] | None:
     """Why one more restart is refused (reason, "failed" | "no_progress"), or None. A crash with
     the same error at the same step as an earlier one is a bug in the code or the config, not a
@@ -164,19 +181,14 @@ def why_stop(plan, history, done: int, error: str | None = None, now: float | No
     fo = plan.spec.failover
     now = time.time() if now is None else now
     past = [e for e in history if e.get("mode") == "restart"]
-    counted = [e for e in past if e.get("counted", True)]
     if not fo.enabled:
         return "failover is off (failover.enabled=false)", "failed"
     if error is not None and any(e.get("error") == error and e.get("failed_after_step") == done for e in past):
         return (f"the same error at step {done} twice, so a bug in the code or the config, not a fault: "
                 f"{error}"), "failed"
-    if fo.max_failovers is not None and len(counted) >= fo.max_failovers:
-        return f"failover.max_failovers={fo.max_failovers} reached", "failed"
-    rate, derived = budget_per_hour(plan)
-    recent = [e for e in counted if e["time"] > now - 3600]
-    if len(recent) >= rate:
-        return (f"{len(recent)} restarts in the last hour reach failover.max_failovers_per_hour={rate:g}"
-                f"{derived}"), "failed"
+    budget = over_budget(plan, history, now)  # every restart of the ranks: a standby's takeover too
+    if budget is not None:
+        return budget, "failed"
     same = 1
     for e in reversed(past):
         if e.get("failed_after_step") != done:

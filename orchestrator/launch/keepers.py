@@ -151,14 +151,14 @@ class SrunKeepers(Keepers):
     def adopt(self, nodes: list) -> dict:
         """{node: address} of the keepers already running on `nodes` that answer with the job's key,
         kept from now on (a standby's takeover: srun.takeover_point; a new job starts its own)."""
-        key, out = wire.read_secret(self.key_file()), {}
-        for node in nodes:
-            try:
-                addr = json.loads((self.folder / f"{node}.json").read_text())["addr"]
-                keeper.Client(addr, key, ADOPT_S).inventory()
-            except (OSError, ValueError, KeyError, TypeError, wire.Refused):
-                continue
-            out[node] = addr
+        key = wire.read_secret(self.key_file())
+
+        def answers(node):  # its address, when its keeper answers with the job's key (asked keeper.POOL at once)
+            addr = json.loads((self.folder / f"{node}.json").read_text())["addr"]
+            keeper.Client(addr, key, ADOPT_S).inventory()
+            return addr
+        out = {n: a for n, a in zip(nodes, keeper.ask_all(list(nodes), answers)) if a is not None}
+        for node in out:
             self.step_of[node] = None
         self.addrs.update(out)
         if out:

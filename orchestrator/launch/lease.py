@@ -20,6 +20,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -125,14 +126,43 @@ class Lease:
             "timeout_s": self.timeout_s, **extra})
 
 
+class Standby:
+    """Keeps one standby supervisor running on a node of the allocation other than the supervisor's:
+    `start(node)` starts it (srun.start_standby: a process whose poll() says when its step ended);
+    `check()`, called every renewal, starts a new one when the last has ended while the run goes on
+    (its node died, or it failed), on the next candidate that is neither lost (`gone()`: the nodes
+    the supervisor knows lost) nor one a standby already ended on; the last nodes first. At most one
+    start per candidate node: bounded."""
+
+    def __init__(self, nodes: list[str], own: str, start, gone=lambda: (), going=lambda: True):
+        self.candidates = [n for n in reversed(nodes) if n != own]
+        self.start, self.gone, self.going = start, gone, going  # going(): the run goes on (a standby is needed)
+        self.node, self.proc = None, None
+        self.tried: list[str] = []  # nodes a standby was started on, in order
+
+    def check(self) -> str | None:
+        """Start a standby if none runs; the node it was started on, or None (one runs, or no node is left)."""
+        if not self.going() or (self.node is not None and (self.proc is None or self.proc.poll() is None)):
+            return None  # the run is over, or the last one still runs (or gave nothing to watch)
+        gone = set(self.gone())
+        for node in self.candidates:
+            if node not in gone and node not in self.tried:
+                self.node, self.proc = node, self.start(node)
+                self.tried.append(node)
+                return node
+        self.node = self.proc = None  # no node left for one: looked at again each period, starting none
+        return None
+
+
 class Renewer:
     """Renews a lease every `period_s` on a thread of its own (the supervisor's loop may block in a
     sinfo call or a re-plan); when the lease is lost (fenced) it calls `on_fenced` once and stops."""
 
-    def __init__(self, lease: Lease, period_s: float, on_fenced):
+    def __init__(self, lease: Lease, period_s: float, on_fenced, on_renewed=None):
         import threading
 
         self.lease, self.period_s, self.on_fenced = lease, float(period_s), on_fenced
+        self.on_renewed = on_renewed  # called after each renewal (the standby looked after: Standby.check)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
         self.thread.start()
@@ -146,6 +176,11 @@ class Renewer:
             if not ok:
                 self.on_fenced()
                 return
+            if self.on_renewed is not None:
+                try:
+                    self.on_renewed()
+                except (OSError, subprocess.SubprocessError) as e:  # a standby that cannot start now: next period
+                    print(f"standby supervisor not started: {e}", flush=True)
 
     def stop(self) -> None:
         self.stopped.set()

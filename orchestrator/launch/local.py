@@ -85,6 +85,7 @@ class LocalWorkers(Workers):
         plan = json.loads((Path(plan_dir) / rundir.PLAN_JSON).read_text())
         ladder = timeouts.from_plan(plan, self.spec.failover)  # as plan.md prints it (plan/timeouts.py)
         self.deadline = progress.deadline_s(plan, self.spec.failover)
+        self.bound = ladder["collective_bound_s"]  # every rank in the cross-copy collective this long: a cut
         self.stall = ladder.get("stall_s")  # ranks waiting in the cross-copy collective on one that stopped
         self.fence: tuple | None = None  # (node, until): a hung node's ranks, killed once the survivors moved on
         self.fenced_copies: set[int] = set()  # copies declared lost here (their ranks leave or are killed: expected)
@@ -125,7 +126,8 @@ class LocalWorkers(Workers):
                                     fo.quorum_s, host="127.0.0.1", run_dir=str(self.run_dir),
                                     commit_timeout_s=fo.timeout_s, say=self.say,
                                     stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps),
-                                    shards=rundir.store_shards(policy.plan.world_size, fo.store_shards))
+                                    shards=rundir.store_shards(policy.plan.world_size, fo.store_shards),
+                                    collective_s=self.bound)
         self.coordinator = self.services.coordinator
         return self.services.env
 
@@ -157,8 +159,14 @@ class LocalWorkers(Workers):
             return
         self.next_watch = now + 0.5
         live = {p.pid: slot for slot, p in enumerate(self.job.procs) if p.poll() is None}
-        late = progress.hung(progress.read(self.run_dir, live), now, self.deadline, self.stall)
+        beats = progress.read(self.run_dir, live)
+        late = progress.hung(beats, now, self.deadline, self.stall)
         if late is None:
+            seen = progress.in_collective(beats, now) if self.coordinator is not None else None
+            if seen is not None and self.coordinator.in_collective(*seen):  # a cut nobody sees: aborted, re-formed
+                self.policy.detected = time.time()
+                self.say(f"PARTITION: every rank waited {seen[1]:.1f} s in step {seen[0] + 1}'s cross-copy collective "
+                         f"with no copy committing it; its generation aborted, re-formed without the copies cut off")
             return
         slot = live[late.pid]
         node, name = self.job.node_of(slot), self.job.names[slot]
@@ -235,6 +243,7 @@ class LocalWorkers(Workers):
         while True:
             self._inject()
             dropped |= self.fenced_copies  # a hung node's copies, declared lost: their exits are expected
+            dropped |= {c for h in self.coordinator.history for c in (h.get("aborted") or {}).get("cut") or ()}
             self.policy.poll()
             for slot, p in enumerate(self.job.procs):
                 code = p.poll()

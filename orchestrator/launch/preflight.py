@@ -36,7 +36,14 @@ def fault_problems(spec: Config) -> list[Problem]:
     if not fo.straggler_margin > 1 or fo.straggler_steps < 1:
         out.append(Problem("failover.straggler_margin, failover.straggler_steps", f"need a margin above 1 and at least "
                            f"one step, got {fo.straggler_margin} and {fo.straggler_steps}.", "use e.g. 1.3 and 5."))
-    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank):
+    dp, shard = spec.layout.dp, spec.layout.dp_shard
+    copies = dp // (shard or dp) if isinstance(dp, int) and dp > 0 and (shard is None or shard > 0) else None
+    if f.kind == FaultKind.cut_copy and copies is not None and copies < 3:
+        out.append(Problem("fault.kind", f"fault.kind=cut_copy cuts one copy of the model state off from the others; "
+                           f"layout.dp={dp} with layout.dp_shard={shard} holds {copies} cop{'y' if copies == 1 else 'ies'}"
+                           f", and with fewer than 3 no copy can tell which one is cut.",
+                           "use at least 3 copies (e.g. layout.dp=4 layout.dp_shard=1), or another fault.kind."))
+    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank, FaultKind.cut_copy):
         world = nodes * spec.hardware.gpus_per_node
         if f.rank is None or not 0 <= f.rank < world:
             out.append(Problem("fault.rank", f"fault.kind={f.kind.value} needs a global rank 0 .. {world - 1}, got "

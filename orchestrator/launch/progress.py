@@ -9,7 +9,7 @@ once the ranks waiting in it have waited the stall deadline S (plan/timeouts.py)
 have not come, the one furthest behind of those is the stopped one (`stalled`); and when no rank
 made progress for the hang deadline, the rank furthest behind that is not waiting (the lowest
 step and phase, the oldest beat) is the hung one (when every rank waits, none is named: a peer
-cut off inside the collective is the collective timeout's): it is named, its every thread's
+cut off inside the collective is the coordinator's collective bound's, `in_collective`): it is named, its every thread's
 Python stack is dumped into its log (SIGUSR1, faulthandler; train/worker.py) and its node is
 treated as lost. A rank that ends with an error of its own says so (phase `crashed`,
 train/world.crashed_beat; `crashed`). The deadline comes from the
@@ -104,12 +104,26 @@ def hung(beats: dict[int, Beat], now: float, deadline: float, stall: float | Non
     return min(stopped, key=_behind) if stopped else None
 
 
-def watch(run_dir: Path, deadline: float, lost=(), now: float | None = None, stall: float | None = None) -> Beat | None:
+def watch(run_dir: Path, deadline: float, lost=(), now: float | None = None, stall: float | None = None,
+          beats: dict | None = None) -> Beat | None:
     """The hung rank, for a supervisor that sees only the beats (SLURM: the ranks run on other
-    nodes): every beat but those of hosts already lost (their ranks died with them; a rank that
-    ended well removed its own), by `hung`."""
-    beats = {p: b for p, b in read(run_dir).items() if b.host not in lost}
+    nodes): every beat (`beats`: as read already) but those of hosts already lost (their ranks died
+    with them; a rank that ended well removed its own), by `hung`."""
+    beats = {p: b for p, b in (read(run_dir) if beats is None else beats).items() if b.host not in lost}
     return hung(beats, time.time() if now is None else now, deadline, stall)
+
+
+def in_collective(beats: dict[int, Beat], now: float) -> tuple[int, float] | None:
+    """(step, waited_s): every rank beats `wait` in the same step s (all are in its cross-copy
+    collective or its commit), the last of them entered `waited_s` ago; None otherwise (a rank not
+    there yet is a straggler's or a hang's, `stalled` / `hung`). The coordinator judges it against
+    the collective's bound (launch/control.Coordinator.in_collective): a partition nobody sees."""
+    if not beats or not all(b.waiting for b in beats.values()):
+        return None
+    steps = {b.step for b in beats.values()}
+    if len(steps) != 1:
+        return None
+    return steps.pop(), now - max(b.time for b in beats.values())
 
 
 def crashed(run_dir: Path, lost=()) -> Beat | None:

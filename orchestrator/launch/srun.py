@@ -164,6 +164,7 @@ class SrunWorkers(Workers):
         self.keepers.hand_over(plan_dir)  # a restart: where its ranks resume (a memory snapshot or the checkpoint)
         if policy is not None:
             from orchestrator.launch.control import JobServices
+            from orchestrator.plan.timeouts import from_plan
 
             self._close()
             fo = self.spec.failover
@@ -171,7 +172,8 @@ class SrunWorkers(Workers):
                                         policy.decide, fo.quorum_s, host=socket.gethostname(),
                                         run_dir=str(self.run_dir), commit_timeout_s=fo.timeout_s,
                                         stragglers=stragglers.Stragglers(fo.straggler_margin, fo.straggler_steps),
-                                        shards=rundir.store_shards(policy.plan.world_size, fo.store_shards))
+                                        shards=rundir.store_shards(policy.plan.world_size, fo.store_shards),
+                                        collective_s=from_plan(plan, fo)["collective_bound_s"])
             env = {**env, **self.services.env}
             self.node_copies = {n: self._copies_on(n) for n in self.current}  # as this attempt starts
         cmd = sbatch.srun_command(lc, plan_dir, self.current, gpn, sys.executable, self.run_dir)
@@ -240,11 +242,14 @@ class SrunWorkers(Workers):
             hit = progress.crashed(self.run_dir, self.lost) if code is None and self.policy is None else None
             if hit is not None:  # one copy: its peers would wait out their collective timeout on it
                 return self._crashed(hit)
-            late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall)
-                    if code is None and not self.crash else None)
+            beats = progress.read(self.run_dir) if code is None and not self.crash else None  # read once a poll
+            late = (progress.watch(self.run_dir, self.deadline, self._gone(), stall=self.stall, beats=beats)
+                    if beats is not None else None)
             outcome = self._hung(late) if late is not None else None
             if outcome is not None:
                 return outcome
+            if late is None and beats is not None and self.policy is not None:
+                self._in_collective(beats)
             if code is not None:
                 break
             time.sleep(lc.poll_s)
@@ -317,6 +322,15 @@ class SrunWorkers(Workers):
             return False
         self.finishing = getattr(self, "finishing", None) or time.monotonic()
         return time.monotonic() - self.finishing > 2 * self.settle + self.spec.launcher.poll_s
+
+    def _in_collective(self, beats: dict) -> None:
+        """Every rank in a step's cross-copy collective: the coordinator judges how long (a partition
+        the control plane cannot see, launch/control.Coordinator.in_collective)."""
+        gone = self._gone()
+        seen = progress.in_collective({p: b for p, b in beats.items() if b.host not in gone}, time.time())
+        if seen is not None and self.services.coordinator.in_collective(*seen):
+            self.say(f"PARTITION: every rank waited {seen[1]:.1f} s in step {seen[0] + 1}'s cross-copy collective with "
+                     f"no copy committing it; its generation aborted, re-formed without the copies cut off")
 
     def _hung(self, late) -> Outcome | None:
         """A rank past the progress deadline: every task dumps its Python stack into its log
@@ -462,7 +476,7 @@ def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, stan
     lost: a `supervisor_lost` event) or, for a standby that took over (`takeover`: called with the
     plan and the attempt before the ranks start), by this job's earlier supervisor. The exit code
     of the failover loop; EXIT_FENCED when a successor took the lease meanwhile."""
-    from orchestrator.launch.lease import Renewer
+    from orchestrator.launch.lease import Renewer, Standby
     from orchestrator.plan.timeouts import lease_period_s
 
     plan = plan_for(run_dir, nodes, takeover is not None)
@@ -478,12 +492,25 @@ def resume(run_dir: Path, nodes: list[str], lease, job=None, takeover=None, stan
                           if takeover else f"supervisor up on {nodes[0]} (SLURM job {job_id}"
                           + (f", requeued {restarts} time(s) by SLURM" if restarts else "") + ")")
                  + ", starting the ranks")
-    if standby_on is not None:
-        start_standby(plan.spec, run_dir, standby_on)
     workers = SrunWorkers(plan.spec, run_dir, nodes)
+    standby = None
+    if standby_on is not None:  # kept running: a new one on another node when its node dies (lease.Standby)
+        from orchestrator.launch.runs import DONE
+
+        def start(node: str):
+            if standby.tried:  # the last one's step ended while the run goes on (its node died): another elsewhere
+                events.record(run_dir, {"mode": "standby_replaced", "node": node, "previous": standby.tried[-1]})
+                print(f"the standby supervisor on {standby.tried[-1]} is gone: a new one on {node}", flush=True)
+            return start_standby(plan.spec, run_dir, node)
+        standby = Standby([n for n in nodes if n != standby_on] + [standby_on], lease.host, start,
+                          gone=lambda: set(workers.lost) | set(workers.drained),
+                          going=lambda: read_status(run_dir).get("state") not in DONE)
+        standby.check()
     if job is not None:
         job.workers = workers
-    renewer, code = Renewer(lease, lease_period_s(lease.timeout_s), workers.fence), rundir.EXIT_FAILED
+    renewer = Renewer(lease, lease_period_s(lease.timeout_s), workers.fence,
+                      on_renewed=standby.check if standby is not None else None)
+    code = rundir.EXIT_FAILED
     try:
         if takeover is not None:
             takeover(plan, first, takeover_point(plan, run_dir, workers))

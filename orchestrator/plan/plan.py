@@ -177,6 +177,8 @@ def cost_plan(shaped: Shaped, spec: Config) -> Plan:
     if shaped.blast_radius is None:
         shaped.blast_radius = blast_radius(plan, mm)
     t = timeouts.ladder(spec.failover, step.wall_s, shaped.blast_radius.get("checkpoint_seconds") or 0.0)
+    t["collective_bound_s"] = timeouts.collective_bound_s(timeouts.cross_copy_s(list(axes.values())),
+                                                          t["collective_s"], spec.failover)
     plan.blast_radius = {**shaped.blast_radius, "timeouts": t}
     plan.errors += timeouts.problems(spec.failover, t)
     plan.spec = replace(spec, failover=timeouts.resolved(spec.failover, t))  # the ladder the runtime reads

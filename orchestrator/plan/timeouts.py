@@ -22,6 +22,15 @@ resort, for a loss nobody noticed (a peer cut off that still beats).
   that sent no reset) errors, and the coordinator reads it as the copy lost (launch/control.py
   `closed`), then aborts. It catches a partition only where the control connection shares the
   cut path; a peer cut off from the collective's network alone is the collective timeout's.
+- B, the cross-copy collective's bound (collective_bound_s): once every rank of the job is in a
+  step's cross-copy collective (their beats say `wait`, the last came B ago) and no copy has
+  committed the step, the collective is not slow but cut (a copy cut off on the data path while
+  its leader's control connection is up: K does not see it, and every rank waits, so neither S
+  nor D names anyone): the coordinator aborts the generation and the copies re-form, without
+  the copy the others could not reach (launch/control.py `in_collective`). BOUND_FACTOR x the
+  plan's predicted cross-copy collective (the dp and edp axes' whole time, hidden or not), at
+  least BOUND_FLOOR_S, at most C / 2. A straggler does not start it (the last copy to enter
+  does), and a collective that is slow by less than the factor completes within it.
 - L, the supervisor's lease (failover.lease_s; lease_s): on SLURM with more than one node a
   standby supervisor takes over, in the same allocation, when the active one has not renewed its
   lease in the run directory for L (launch/lease.py, launch/standby.py); it is renewed every
@@ -65,6 +74,25 @@ def keep_alive(sock) -> None:
                         ("TCP_KEEPCNT", KEEPALIVE_COUNT), ("TCP_USER_TIMEOUT", int(1000 * keepalive_s()))):
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+BOUND_FACTOR, BOUND_FLOOR_S = 10.0, 10.0  # B: the cross-copy collective's bound once every rank is in it
+
+
+def collective_bound_s(collective_s: float, collective_c: float, fo=None) -> float:
+    """B: how long every rank may wait in a step's cross-copy collective with no copy committing it
+    (failover.collective_bound_s when set; else from `collective_s`, the plan's predicted time of
+    that collective, and `collective_c`, C)."""
+    if fo is not None and getattr(fo, "collective_bound_s", None) is not None:
+        return float(fo.collective_bound_s)
+    return min(float(collective_c) / 2, max(BOUND_FLOOR_S, BOUND_FACTOR * float(collective_s or 0.0)))
+
+
+def cross_copy_s(axes) -> float:
+    """The plan's predicted gradient collective over the data-parallel groups a step (axes dp and
+    edp, plan.json `axes` dicts or cost.AxisReport objects): what the cross-copy wait holds."""
+    get = (lambda a, k: a.get(k)) if axes and isinstance(axes[0], dict) else getattr
+    return sum(float(get(a, "seconds") or 0.0) for a in axes or () if get(a, "name") in ("dp", "edp"))
+
+
 SETTLE_FRACTION, SETTLE_MIN_S, SETTLE_MAX_S = 0.05, 1.0, 30.0
 QUORUM_FLOOR_S = 10.0
 COLLECTIVE_FLOOR_S = 60.0
@@ -131,10 +159,12 @@ def from_plan(plan: dict, fo) -> dict:
     """The ladder a plan.json dict holds (blast_radius.timeouts), or derived from its predicted
     step and save when it holds none: what the launchers wait by, as plan.md prints it."""
     t = (plan.get("blast_radius") or {}).get("timeouts")
-    if t and "stall_s" in t and "keepalive_s" in t:
-        return t
-    return ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
-                  float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
+    if not (t and "stall_s" in t and "keepalive_s" in t):
+        t = ladder(fo, float(plan.get("step", {}).get("wall_s") or 0.0),
+                   float((plan.get("blast_radius") or {}).get("checkpoint_seconds") or 0.0))
+    if "collective_bound_s" not in t:  # a plan written before the bound
+        t = {**t, "collective_bound_s": collective_bound_s(cross_copy_s(plan.get("axes")), t["collective_s"], fo)}
+    return t
 
 
 def problems(fo, t: dict) -> list[Problem]:
@@ -152,6 +182,12 @@ def problems(fo, t: dict) -> list[Problem]:
                            f"moment could be decided apart.",
                            f"set failover.quorum_s above {t['settle_s']:g} (e.g. {2 * t['settle_s']:g}), or leave "
                            f"it unset."))
+    if "collective_bound_s" in t and not t["collective_bound_s"] < t["collective_s"]:
+        out.append(Problem("failover.collective_bound_s, failover.timeout_s",
+                           f"the cross-copy bound {t['collective_bound_s']:g} s is not below the collective timeout "
+                           f"{t['collective_s']:g} s: a cut would time out before it is aborted.",
+                           f"set failover.collective_bound_s below {t['collective_s']:g} (e.g. "
+                           f"{t['collective_s'] / 4:g}), or leave it unset to derive it."))
     if not t["quorum_s"] < t["collective_s"]:
         out.append(Problem("failover.quorum_s, failover.timeout_s", f"the quorum {t['quorum_s']:g} s is not below "
                            f"the collective timeout {t['collective_s']:g} s: the coordinator would still wait for "
@@ -183,6 +219,10 @@ def lines(t: dict, node_fail_wait_s: float | None = None) -> list[str]:
     if "keepalive_s" in t:
         out.append(f"- control connections: TCP keepalive {t['keepalive_s']:.0f} s; a leader's connection that goes "
                    f"unanswered that long is its copy lost")
+    if "collective_bound_s" in t:
+        out.append(f"- cross-copy bound {t['collective_bound_s']:.1f} s: every rank in a step's cross-copy collective "
+                   f"that long with no copy committing it is a cut the control plane cannot see; the generation is "
+                   f"aborted and re-formed without the copy the others cannot reach")
     out.append("- a loss that is known (SLURM's node down, a leader's connection closed, a rank exited, a stall or "
                "hang named) aborts the survivors' pending cross-copy collectives at once and they go on in place; "
                "the collective timeout is the last resort, for a loss nobody noticed")

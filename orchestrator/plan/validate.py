@@ -53,6 +53,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "search.top": (1, 1000), "cluster.spare_nodes": (0, 1 << 18), "stack.zero": (0, 3), "stack.grad_bytes": (0, 16),
     "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
     "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600), "failover.lease_s": (1, 3600),
+    "failover.collective_bound_s": (0.1, 86400),
     "failover.store_shards": (1, 4096),
     "hardware.gemm_efficiency": (1e-3, 1.0), "hardware.peak_fp8_tflops": (1e-6, 1e7),
     "hardware.peak_fp4_tflops": (1e-6, 1e7), "training.bf16_layers": (0, 4096),

@@ -183,15 +183,32 @@ class Keeper:
 
 
 # ---- where a restart reads from -------------------------------------------------------------------
-def inventories(addrs: list[str], key: bytes, timeout_s: float = 10.0) -> dict[str, dict]:
-    """{addr: inventory} of the keepers that answer (a keeper that does not is left out)."""
-    out = {}
-    for a in addrs:
+POOL = 64  # keepers asked at once in a round over every node's keeper (a frozen one costs its timeout once)
+
+
+def ask_all(items: list, ask, pool: int = POOL) -> list:
+    """[ask(item) for item in items], asked `pool` at a time on threads (a round over thousands of
+    nodes' keepers takes about the slowest answer's time per `pool`, not the sum of them), in the
+    items' order; an item whose ask raised OSError, wire.Refused, KeyError, ValueError or TypeError
+    gives None."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item):
         try:
-            out[a] = Client(a, key, timeout_s).inventory()["ranks"]
-        except (OSError, wire.Refused, KeyError, ValueError):
-            continue
-    return out
+            return ask(item)
+        except (OSError, wire.Refused, KeyError, ValueError, TypeError):
+            return None
+    if len(items) <= 1:
+        return [one(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(pool, len(items)), thread_name_prefix="keeper-ask") as ex:
+        return list(ex.map(one, items))
+
+
+def inventories(addrs: list[str], key: bytes, timeout_s: float = 10.0) -> dict[str, dict]:
+    """{addr: inventory} of the keepers that answer (a keeper that does not is left out); asked
+    POOL at a time (ask_all)."""
+    answers = ask_all(list(addrs), lambda a: Client(a, key, timeout_s).inventory()["ranks"])
+    return {a: held for a, held in zip(addrs, answers) if held is not None}
 
 
 def restore_point(held: dict[str, dict], checkpoint_step: int | None) -> dict:

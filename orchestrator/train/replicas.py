@@ -50,6 +50,7 @@ from orchestrator.train import tree, wire
 
 log = logging.getLogger("orchestrator")
 ABORT_SLICE = timedelta(seconds=0.05)  # a cross-copy wait looks at the abort flag this often (no cost when done)
+REACH_S = 1.0  # after a partition abort a leader gives each ring neighbour this long to answer on the data path
 ABORT_GRACE_S = 1.0  # a collective failed by a peer: how long the abort, if it is why, may take to reach the watcher
 
 
@@ -123,6 +124,10 @@ class Replicas:
         self._gen_changed = threading.Event()
         self._done = False
         self.on_fenced = None  # called before a fenced rank leaves
+        self.abort_dead: dict[int, list] = {}  # generation -> the copies its abort named ([]: a partition)
+        self.reach_server = None  # the leader's listener its peers try after a partition abort (`reach`)
+        self.next_step = 0  # the step whose cross-copy collective comes next (the last committed + 1)
+        self.cut_from: int | None = None  # fault.kind=cut_copy: from this step this copy is cut off (injected)
         if stores is not None:  # watched on its copy's shard (the abort key is set on every shard)
             threading.Thread(target=self._watch_aborts, args=(stores.addresses[stores.of_copy(copy)],),
                              name="abort-watch", daemon=True).start()
@@ -155,6 +160,7 @@ class Replicas:
                     time.sleep(1.0)
                 continue  # not yet (the wait's own bound): look again
             with self._abort_seen:
+                self.abort_dead[gen] = list(dead)
                 if dead:
                     self.lost_by_abort = list(dead)
                 self.aborted = max(self.aborted, gen)
@@ -263,6 +269,10 @@ class Replicas:
         os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # pairs connect on first use: O(peers used) store reads
         rep = dist.PrefixStore(f"gen{gen}/replica{self.local}", self.stores.for_position(self.local))
         self.replica = dist.ProcessGroupGloo(rep, self.index, len(self.copies), self.timeout)
+        if self.client is not None:  # where its peers try this leader after a partition abort (`reach`)
+            if self.reach_server is None:
+                self.reach_server = _Listener(self.client.sock.getsockname()[0])
+            self.stores.for_copy(self.copy).set(_reach_key(gen, self.copy), self.reach_server.addr)
 
     def drop(self) -> None:
         """Release this generation's groups now: their sockets close, and peers blocked on them
@@ -296,6 +306,10 @@ class Replicas:
         totals = self.copy_totals(sums, ok)
         body = {"op": "failed" if totals[3] > 0 else "commit", "step": step, "sums": totals[:3],
                 "busy": float(busy_s), "saving": bool(saving)}
+        if body["op"] == "failed" and self.client is not None and self.abort_dead.get(self.gen) == []:
+            body.update(self.reach())  # a partition abort: which neighbours its data path reaches
+        if body["op"] == "commit":
+            self.next_step = step + 1
         # The coordinator answers within its commit deadline plus the quorum window; past that it is gone.
         if self.agg is None or body["op"] == "failed" or self.direct_gen >= self.gen:
             return self.ask(body, timeout_s=4 * self.timeout_s + 60)
@@ -342,6 +356,43 @@ class Replicas:
         dist.all_reduce(flag)  # on the world's host-side backend (cpu:gloo beside nccl, world.backend_for)
         return flag.tolist()
 
+    def reach(self) -> dict:
+        """{"reached": [...], "unreached": [...]}: the copies of this generation at this leader's ring
+        neighbours (tree.reach_peers) that answer on the data path within REACH_S (their leader's
+        listener, announced in the job's store at build), asked at once. What the coordinator reads
+        to name the copy cut off (launch/control.Coordinator.cut_off)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        gen, pos = self.gen, self.index
+        peers = [self.copies[p] for p in tree.reach_peers(pos, len(self.copies))]
+        cut = self._cut()
+
+        def answers(c: int) -> bool:
+            if cut:  # fault injection: this copy's data path is cut (its tries fail as they would)
+                return False
+            try:
+                store = self.stores.for_copy(c)
+                store.wait([_reach_key(gen, c)], timedelta(seconds=REACH_S))
+                host, port = store.get(_reach_key(gen, c)).decode().rsplit(":", 1)
+                import socket
+
+                socket.create_connection((host, int(port)), timeout=REACH_S).close()
+                return True
+            except (OSError, RuntimeError, ValueError, dist.DistError):
+                return False
+        if not peers:
+            return {"reached": [], "unreached": []}
+        with ThreadPoolExecutor(max_workers=len(peers), thread_name_prefix="reach") as ex:
+            ok = list(ex.map(answers, peers))
+        out = {"reached": [c for c, y in zip(peers, ok) if y], "unreached": [c for c, y in zip(peers, ok) if not y]}
+        log.info(f"copy {self.copy}, generation {gen} aborted with no copy named: tried its neighbours on the data "
+                 f"path: reached {out['reached']}, not {out['unreached']}")
+        return out
+
+    def _cut(self) -> bool:
+        """fault.kind=cut_copy: this copy is cut off from the others (from cut_from on, its first generation)."""
+        return self.cut_from is not None and self.next_step >= self.cut_from
+
     def finish(self) -> None:
         """The copy is done: say so, so that its connection closing is not read as a loss."""
         self._done = True
@@ -362,6 +413,10 @@ class Replicas:
         as failed when the coordinator aborts the generation (`_wait`)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
+        if self._cut():  # fault injection: none of its data reaches the others; it waits, alive, as they do
+            if self.reach_server is not None:
+                self.reach_server.close()  # its neighbours' tries fail as on a cut path
+            return self._wait(_Never())
         self._wait(pg.allreduce([tensor], opts))
 
     def broadcast_state(self, tensors: list[torch.Tensor], src_index: int) -> None:
@@ -377,6 +432,46 @@ class Replicas:
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
             offset += t.numel()
+
+
+def _reach_key(gen: int, copy: int) -> str:
+    return f"reach/gen{gen}/copy{copy}"
+
+
+class _Listener:
+    """A leader's listener on the data path: a neighbour's connect succeeding is all a try asks."""
+
+    def __init__(self, host: str):
+        import socket
+
+        self.sock = socket.create_server((host, 0), backlog=128)
+        self.addr = f"{host}:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, name="reach-listen", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        import socket
+
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class _Never:
+    """A collective that never completes (fault.kind=cut_copy): `_wait` leaves it on the abort or the timeout."""
+
+    def wait(self, timeout=None):
+        time.sleep(timeout.total_seconds() if timeout is not None else 0.05)
+        raise RuntimeError("Operation timed out (injected: fault.kind=cut_copy)")
 
 
 def _release(box: list) -> None:

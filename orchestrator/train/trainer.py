@@ -109,6 +109,10 @@ class Trainer:
             self.replicas = Replicas(job_store, os.environ.get(rundir.ENV_CONTROL), self.place.copy, self.place.local,
                                      dist.get_world_size(), self.spec.failover.timeout_s, first)
             self.replicas.on_fenced = world.forget_beat  # a copy declared lost leaves: its last beat is no hang
+            f = self.spec.fault  # fault.kind=cut_copy: fault.rank's copy cut off from the others (first attempt)
+            if (f.kind == FaultKind.cut_copy and self.launched_attempt == 0 and self.fault_step is not None
+                    and not self.joining and world.place_of(self.plan, f.rank).copy == self.place.copy):
+                self.replicas.cut_from = self.fault_step
 
     def build(self) -> None:
         """Model chunks, one optimizer per chunk (torchtitan's way: each chunk's state dict then

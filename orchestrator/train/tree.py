@@ -61,6 +61,20 @@ def subtree_size(pos: int, R: int, k: int) -> int:
     return n
 
 
+REACH_PEERS = 4  # after a partition abort each leader tries this many copies on each side of it in the ring
+
+
+def reach_peers(pos: int, R: int, k: int = REACH_PEERS) -> list[int]:
+    """The positions a copy at `pos` of R tries on the data path after a partition abort: its ring
+    neighbours, up to k on each side (every copy is tried by up to 2k others, whatever R)."""
+    out = []
+    for d in range(1, min(k, (R - 1) // 2 + (R - 1) % 2) + 1):
+        for p in ((pos + d) % R, (pos - d) % R):
+            if p != pos and p not in out:
+                out.append(p)
+    return out
+
+
 def ancestors(pos: int, k: int):
     pos = parent(pos, k)
     while pos != ROOT:
