@@ -277,6 +277,11 @@ class LocalWorkers(Workers):
                 dropped |= {self.copy_of[s] for s in waiting}
                 continue
             if len(done) == len(self.job.procs):
+                if hit:  # every rank ended inside the settle window (a fast in-place recovery): decide it now
+                    outcome = self._nodes_lost(hit, dropped)
+                    hit, first = [], None
+                    if outcome is not None:
+                        return outcome
                 left = [s for s, c in done.items() if c == EXIT_LEFT and self.copy_of.get(s) not in dropped]
                 if not left and all(c == 0 or self.copy_of.get(s) in dropped for s, c in done.items()):
                     return Outcome(True)
