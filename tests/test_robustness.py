@@ -1,6 +1,7 @@
 """Nothing breaks it: hostile values that would reach a shell, a batch script or a path;
 damaged checkpoints (reported as such, skipped, the previous intact one loaded); a resume
 that would change the data stream; signals and closed pipes."""
+import os
 import signal
 import subprocess
 import sys
@@ -223,3 +224,21 @@ def test_a_closed_pipe_ends_quietly():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=120)
     assert len(out.splitlines()) == 1 and "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_a_rank_that_fails_before_its_first_beat_is_seen_crashed(tmp_path):
+    """A rank that dies before it beat once (here: its plan unreadable; on SLURM: its rendezvous port
+    taken) writes a crashed beat, which the SLURM supervisor's wait loop reads (progress.crashed): its
+    step is stopped at once instead of its peers waiting in the rendezvous until the store's timeout."""
+    from orchestrator.launch import progress
+
+    run_dir = tmp_path / "run"
+    (run_dir / "attempt1").mkdir(parents=True)  # no plan.json in it
+    env = {**os.environ, "RANK": "3", "WORLD_SIZE": "4", "SLURM_PROCID": "3", "ORCH_RUN_DIR": str(run_dir),
+           "PYTHONPATH": str(ROOT)}
+    assert progress.crashed(run_dir) is None
+    r = subprocess.run([sys.executable, "-m", "orchestrator.train.worker", str(run_dir / "attempt1")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "plan.json" in r.stderr, r.stderr[-2000:]
+    beat = progress.crashed(run_dir)
+    assert beat is not None and beat.rank == 3 and beat.task == 3 and beat.pid != os.getpid()

@@ -87,7 +87,7 @@ def main() -> None:
         import traceback
 
         print(traceback.format_exception_only(e)[-1].strip(), file=sys.stderr, flush=True)
-        world.crashed_beat(e)
+        world.crashed_beat(e, Path(os.environ.get(rundir.ENV_RUN_DIR, sys.argv[1])))  # as the trainer's run_dir
         raise
     world.forget_beat()
     sys.exit(EXIT_STOPPED if history.get("stopped") else EXIT_OK)

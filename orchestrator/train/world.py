@@ -132,13 +132,21 @@ def beat(run_dir: Path, step: int, phase: str, rank: int = -1) -> None:
 PEER_ERRORS = ("closed by peer", "reset by peer", "Broken pipe", "Timed out", "timed out", "aborted by the coordinator")
 
 
-def crashed_beat(error: BaseException) -> None:
+def crashed_beat(error: BaseException, run_dir: Path | None = None) -> None:
     """This rank ends with an error: its beat says so at once (phase `crashed` when the error is its
     own, `peer` when it is a peer's failure seen: a connection closed or reset, a timeout), so a
     supervisor that sees only the beats (SLURM) stops the step now instead of letting its peers
-    wait out their collective timeout (launch/progress.crashed)."""
+    wait out their collective timeout (launch/progress.crashed). A rank that fails before its first
+    beat (its rendezvous, its plan) writes one now, in `run_dir`, at step 0: else nobody sees it and
+    its peers wait in the rendezvous until the store's timeout."""
     text = str(error)
     phase = "peer" if any(p in text for p in PEER_ERRORS) else "crashed"
+    if not _beat_file and run_dir is not None:
+        try:
+            beat(run_dir, 0, phase, int(os.environ.get("RANK", -1)))
+        except (OSError, ValueError):
+            pass
+        return
     for path in _beat_file:
         try:
             fields = path.read_text().split()
