@@ -274,6 +274,7 @@ class Sim:
         self.beats: dict = {}  # copy -> its leader's last progress beat (launch/progress.Beat), read by the watcher
         self.aborted: dict[int, float] = {}  # generation -> when the coordinator aborted its collectives
         self.how: str | None = None  # how the first change was detected: abort (known) or found out
+        self.timed_out = 0  # failed reports a collective's own timeout sent (not an abort, not a reset)
         self.stopped = None
         self.last_step = -1
         self.committed_before = 0
@@ -505,10 +506,11 @@ class Sim:
         coordinator aborts the generation first: _abort)."""
         kind, tf = self.broken.get(broken[0], ("cut", self.cut_at))
         delay = CONSTANTS["reset_s"] if kind == "crash" else self.timeout_s
-        self._fail_at(rd, c, gen, step, max(self.now, tf) + delay)
+        self._fail_at(rd, c, gen, step, max(self.now, tf) + delay, by="reset" if kind == "crash" else "timeout")
 
-    def _fail_at(self, rd, c, gen, step, t, force=False) -> None:
-        """Copy c's leader reports the failed step at t (once; `force`: an abort, sooner than planned)."""
+    def _fail_at(self, rd, c, gen, step, t, force=False, by="abort") -> None:
+        """Copy c's leader reports the failed step at t (once; `force`: an abort, sooner than planned);
+        `by`: what ended its collective (abort, reset, timeout)."""
         if c in rd["reported"] and not force:
             return
         if c in rd["reported"] and rd["reported_at"].get(c, 0.0) <= t:
@@ -523,11 +525,12 @@ class Sim:
             body["reached"] = [m for m in peers if m not in self.cut and c not in self.cut]
         self.req += 1
         self.pending[c] = (self.req, body, t)
-        self.at(t, self._report_failed, c, self.req, body)
+        self.at(t, self._report_failed, c, self.req, body, by)
 
-    def _report_failed(self, c: int, rid: int, body: dict) -> None:
+    def _report_failed(self, c: int, rid: int, body: dict, by: str = "abort") -> None:
         if c in self.broken or self.pending.get(c, (None,))[0] != rid:
             return  # superseded (an abort made it report sooner)
+        self.timed_out += by == "timeout"
         if self.how is None:
             self.how = "abort" if body["gen"] in self.aborted else "found out"
         self.send_root(c, body, self.now, rid)
@@ -782,7 +785,7 @@ class Sim:
                "max_wait_s": round(self.max_wait, 3), "supervisor_exit": self.code,
                "dropped": self.coord.counts()["dropped_total"], "steps_done": self.last_step + 1, "steps": self.steps,
                "server_cpu_s": round(self.busy, 3), "stragglers_named": sorted(self.named),
-               "survivors_released": self.how, "step_stopped": self.stopped,
+               "survivors_released": self.how, "collectives_timed_out": self.timed_out, "step_stopped": self.stopped,
                "declared_cut": sorted({c for d in decisions for c in ((d.get("aborted") or {}).get("cut") or ())})}
         if self.scenario == "supervisor":  # the coordinator dies with its node: the standby takes over
             t = takeover(self.plan, (3 + PHASE) * self.step_s, self.dir / "lease_run")

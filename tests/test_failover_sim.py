@@ -52,7 +52,7 @@ def test_every_failure_kind_recovers_in_place_at_2048_ranks(rows, kind):
     assert r["max_wait_s"] <= r["wait_bound_s"], r  # no wait without end: no leader waited past the ladder
     if kind in ("node", "hang", "two", "flap", "partition", "cut"):  # known lost (its leader's connection unanswered,
         assert r["survivors_released"] == "abort", r  # its beats stalled, every rank in the collective past
-        assert r["detected_s"] < failover_sim.plan_of("2k-8").spec.failover.timeout_s, r  # its bound): aborted
+        assert r["collectives_timed_out"] == 0, r  # its bound): aborted; no collective ran into its timeout
     # a cut on the data path alone: the copy the others cannot reach is the one declared lost, nobody else
     assert r["declared_cut"] == ([r["copies"] - 1] if kind == "cut" else []), r
     # (how long recovery takes is the benchmark's to print: failover_sim.py, recovery_s beside wait_bound_s)
