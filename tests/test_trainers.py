@@ -273,6 +273,43 @@ def torchtitan_runs(tmp_path_factory):
     return out
 
 
+def test_selective_recompute_is_what_each_torchtitan_releases_own_policy_runs_again():
+    """stack=torchtitan plans training.recompute=selective as the op-level selective AC the release runs
+    (its own policy on its own Llama 3 blocks: tests/torchtitan_sac.py): the forward matmul FLOPs the
+    plan adds per token for it (plan/model.py, Selective.every_other_matmul for 0.3's fused q/k/v,
+    every_other_matmul_split_qkv for 0.2's) are the ones torch's FlopCounterMode counts again, and the
+    plain forward and backward's matmuls are the plan's 6 x the blocks' and output's parameters."""
+    import json
+    import subprocess
+
+    import frameworks
+    from orchestrator import compose
+    from orchestrator.frameworks import torchtitan
+    from orchestrator.plan.model import ModelMath
+
+    code = f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_sac.py')!r}, run_name='__main__')"
+    procs = {line: subprocess.Popen([sys.executable, "-c", code], env=frameworks.env(f"torchtitan-{m.RELEASE}"),
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for line, m in torchtitan.LINES.items() if frameworks.installed(f"torchtitan-{m.RELEASE}")}
+    if not procs:
+        pytest.skip("no torchtitan release installed: python tests/frameworks.py (make test does)")
+    selective = {"0.2": "every_other_matmul_split_qkv", "0.3": "every_other_matmul"}
+    for line, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        spec = compose(["model=tiny", f"model.hidden={got['hidden']}", f"model.layers={got['layers']}",
+                        f"model.heads={got['heads']}", f"model.kv_heads={got['kv_heads']}",
+                        f"model.ffn_hidden={got['ffn_hidden']}", f"model.vocab={got['vocab']}"])
+        mm = ModelMath(spec.model)
+        linear = mm.total_params - mm.embed_params - mm.h * (1 + 2 * mm.L)  # less the embedding and the norms
+        assert got["mm_plain"] == 6 * linear * got["tokens"], (line, got)
+        again = sum(hw - model for model, hw in (mm.layer_flops(i, 32, False, "selective", selective[line])
+                                                 for i in range(mm.L)))
+        assert got["mm_selective"] - got["mm_plain"] == again * got["tokens"], (line, got, again)
+        assert again > 0
+
+
 def _plan_split(pj: dict) -> tuple[list[list[int]], list[int]]:
     """The plan's virtual stages (layers of each, in pipeline order) and the pp rank of each."""
     virtual = sorted(((v["stage"], v["layers"], st["pp_rank"]) for st in pj["layout"]["stages"]

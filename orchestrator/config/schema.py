@@ -219,6 +219,13 @@ class DPWindow(str, Enum):
 class Selective(str, Enum):
     orchestrator = "orchestrator"  # norms, attention core and the SwiGLU product (this runtime's)
     attention_core = "attention_core"  # the attention core only (Megatron, Korthikanti et al. 2022)
+    # torchtitan's op-level selective AC (activation_checkpoint.mode=selective, op: both releases):
+    # the attention kernel and every odd-numbered matmul of a block are saved; every second matmul,
+    # the memory-bound ops, the SP all-gathers and MoE's routed experts run again in backward.
+    # The matmuls are counted as the release's models run them: 0.3's Llama 3 projects q, k and v
+    # in one matmul (fuse_qkv), 0.2's in three (every_other_matmul_split_qkv).
+    every_other_matmul = "every_other_matmul"
+    every_other_matmul_split_qkv = "every_other_matmul_split_qkv"
 
 
 @dataclass

@@ -11,7 +11,8 @@ Per micro-batch on the slowest stage (the pipeline runs at its pace):
   speed for the predicted step (`wall_s`): the shape-aware kernel model (plan/kernels.py,
   cost.kernel_model=shape) or one kernel efficiency (cost.kernel_model=constant: the
   planner's first model, wall = total / hardware.kernel_efficiency)
-- TP: 4 collectives per layer (2 forward, 2 backward; 6 with full recompute; half with a
+- TP: 4 collectives per layer (2 forward, 2 backward; 6 with full recompute, 5 with torchtitan's
+  op-level selective AC, which runs the all-gathers again, not the reduce-scatters; half with a
   parallel block), each moving 2(t-1)/t x (s/cp) b h x 2 bytes (all-reduce, or AG + RS with
   SP); `stack.tp_overlap` of it hides behind the GEMMs (Transformer Engine, async TP)
 - CP (Llama 3's all-gather CP): K and V all-gathered forward, reduce-scattered backward,
@@ -45,7 +46,7 @@ from orchestrator.plan.axes import AXES, CANONICAL_ORDER
 from orchestrator.plan.kernels import coefficients, shape_of, stage_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
-from orchestrator.plan.model import ModelMath
+from orchestrator.plan.model import OP_SAC, ModelMath
 from orchestrator.plan.overheads import HostCalls, host_calls
 from orchestrator.plan.stages import Stage
 from orchestrator.plan.topology import Tier, tiers_for
@@ -180,6 +181,8 @@ def stage_traffic(st: Stage, d: Layout, mm: ModelMath, tr, hw, spec=None) -> Tra
         compute += score_bytes / (hw.hbm_gbps * 1e9)
     stack = _stack(spec)
     per_layer = 4 + 2 * frac
+    if tr.recompute == "selective" and stack is not None and stack.selective.value in OP_SAC:
+        per_layer += 1  # the SP all-gathers run again (the reduce-scatters are saved): half a forward's two
     if stack is not None and stack.parallel_block:
         per_layer /= 2  # attention and MLP side by side: one collective per block and direction
     act = activation_bytes(tr)

@@ -78,7 +78,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from orchestrator.plan.model import ModelMath
+from orchestrator.plan.model import OP_SAC, ModelMath
 
 
 @dataclass(frozen=True)
@@ -252,9 +252,19 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
     f8 = bool(s.lowp)
     seq_shard = t if s.sp else 1  # sequence parallelism shards the norms' and residuals' tokens
     full = s.recompute == "full"
+    # torchtitan's op-level selective AC: the block's forward runs again but for the saved ops (the
+    # attention kernel, the odd-numbered matmuls): every second matmul, the memory-bound ops, MoE's
+    # router and routed experts (ModelMath.block_matmuls)
+    op_sac = s.recompute == "selective" and s.selective in OP_SAC
+    rerun = full or op_sac  # the memory-bound forward and its launches run again
     # Launches besides the GEMMs: norms, rotary, attention, activation, residuals (16 forward and
     # backward), TP/SP collectives (8), a forward run again under full recompute.
-    out = Features(kernels=(16.0 + (8.0 if t > 1 else 0.0)) * (4.0 / 3.0 if full else 1.0) * 1e-6)
+    out = Features(kernels=(16.0 + (8.0 if t > 1 else 0.0)) * (4.0 / 3.0 if rerun else 1.0) * 1e-6)
+    if op_sac:
+        for i, (k_in, n_out, split) in enumerate(mm.block_matmuls(moe, OP_SAC[s.selective])):
+            if i % 2 == 1:
+                out += _gemm(T, n_out / t if split == "col" else n_out, k_in / t if split == "row" else k_in, f8, s,
+                             1.0)
     # ---- attention projections ------------------------------------------------------------------
     proj: list[tuple[float, float, float]] = []
     if mm.mla:
@@ -276,7 +286,7 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
     for M, N, K in proj:
         out += _gemm(M, N, K, f8, s, 4.0 if full else 3.0)
     # ---- attention core -------------------------------------------------------------------------
-    recompute_core = s.recompute in ("full", "selective")
+    recompute_core = s.recompute == "full" or (s.recompute == "selective" and not op_sac)
     if s.flash:
         fwd = T * H / t * (mm.qk_dim + mm.v_dim) * s.seq  # causal: half of the full score matrix
         # attention_efficiency is the forward's. Flash attention's backward recomputes the scores,
@@ -313,6 +323,11 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
         per_expert = ep * (T * etp / t) * e.experts_per_token / e.experts * (1.0 + s.imbalance)
         g, a_el = mlp(per_expert, e.expert_ffn_hidden, etp, count=e.experts / ep)
         out += g
+        if op_sac:  # the router and the routed experts' grouped GEMMs run again
+            out += _gemm(owned, e.experts, h, False, s, 1.0)
+            up_n = (2 if mats == 3 else 1) * e.expert_ffn_hidden / etp
+            out += (_gemm(per_expert, up_n, h, f8, s, 1.0)
+                    + _gemm(per_expert, h, e.expert_ffn_hidden / etp, f8, s, 1.0)).scale(e.experts / ep)
         act_elems += a_el
         copies = owned * e.experts_per_token * (1.0 + s.imbalance)
         elems = act_elems + 8.0 * copies * h + 4.0 * owned * e.experts  # permute/unpermute, router softmax
@@ -329,7 +344,7 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
         elems += EAGER["rope"] * rope * T
         if mats == 3:  # SwiGLU models (Llama) norm with RMSNorm
             elems += EAGER["rmsnorm"] * 2 * T * h / seq_shard + EAGER["swiglu"] / act * act_elems
-    if full:
+    if rerun:
         elems *= 1.4  # the forward's share of the memory-bound work, run again
     elif s.recompute == "selective" and s.selective == "orchestrator":
         # This runtime's (and DeepSeek-V3's) selective recompute: norms, the SwiGLU product and

@@ -15,6 +15,12 @@ Conventions (documented because every MFU figure depends on them):
   keeps 34*s*b*h bytes with flash attention or not (the 5*a*s^2*b score bytes go);
   `orchestrator` (this runtime, DeepSeek-V3) also recomputes the norms, the MLP input
   and the SwiGLU product (and MLA's q, k, v from the latents), keeping 30-35% less.
+- `every_other_matmul` is torchtitan's op-level selective AC (both 0.2 and 0.3: the block's
+  forward re-runs in backward, each op's output taken from the saved ones where its policy
+  saves it): the attention kernel and the odd-numbered matmuls of a block are saved (their
+  outputs kept), every second matmul (block_matmuls, in the order the block runs them), the
+  memory-bound ops and an MoE layer's router and routed experts (grouped GEMMs, in neither
+  release's save list) run again.
 - Activation bytes per token per layer are counted term by term from what
   autograd keeps (Korthikanti et al. 2022, Sec. 4): 34*h for a GPT layer with
   dropout and flash attention, which is the textbook figure. The textbook
@@ -33,6 +39,10 @@ from itertools import accumulate
 from orchestrator.config.schema import Recompute, Selective
 
 
+# torchtitan's op-level selective AC, by Selective value: whether the block projects q, k, v in one matmul
+OP_SAC = {"every_other_matmul": True, "every_other_matmul_split_qkv": False}
+
+
 @dataclass(frozen=True)
 class LayerShape:
     params: int  # all parameters of the layer
@@ -42,6 +52,10 @@ class LayerShape:
     act_selective: float  # ... with selective recompute (norms, attention core, SwiGLU product)
     act_selective_core: float  # ... with Megatron's selective recompute (the attention core only)
     recompute_up_flops: float  # MLA up-projection forward FLOPs per token (rebuilt under selective)
+    # torchtitan's op-level selective AC (Selective.every_other_matmul*): forward FLOPs per token it runs
+    # again and activation bytes per token it keeps, by the Selective value (block_matmuls)
+    recompute_mm_flops: dict
+    act_every_other: dict
     attn_fwd_flops: float  # causal attention-core forward FLOPs per token / seq_len
     scores_bytes_per_s: float  # bytes per token per unit of seq_len without flash
 
@@ -129,6 +143,54 @@ class ModelMath:
             return 4 * f + (0 if selective else 2 * f)
         return 2 * f + (0 if selective else 2 * f)  # pre-activation, activation output
 
+    def block_matmuls(self, moe_layer: bool, fused_qkv: bool = True) -> list[tuple[int, int, str]]:
+        """The matmuls one block runs forward through nn.Linear, in the order it runs them, as (in,
+        out, tensor-parallel split: "col" shards the output, "row" the input, "" none), the order
+        torchtitan's selective AC counts (torchtitan/models/llama3 and deepseek_v3 model.py, moe.py):
+        attention's wq, wk, wv (0.2) or one fused wqkv (`fused_qkv`: 0.3's Llama 3), MLA's wq or wq_a,
+        wq_b, then wkv_a, wkv_b; wo; the MLP's w1, w3, w2
+        (GELU: w1, w2); an MoE layer runs its router (always recomputed, not counted) and its routed
+        experts (grouped GEMMs, not matmuls) first, then its shared experts' w1, w3, w2."""
+        h, H = self.h, self.heads
+        out: list[tuple[int, int, str]] = []
+        if self.mla:
+            a = self.mla
+            if a.q_lora_rank:
+                out += [(h, a.q_lora_rank, ""), (a.q_lora_rank, H * self.qk_dim, "col")]
+            else:
+                out.append((h, H * self.qk_dim, "col"))
+            out += [(h, a.kv_lora_rank + a.qk_rope_head_dim, ""),
+                    (a.kv_lora_rank, H * (a.qk_nope_head_dim + a.v_head_dim), "col")]
+        elif fused_qkv:
+            out.append((h, (H + 2 * self.kv) * self.hd, "col"))
+        else:
+            out += [(h, H * self.hd, "col"), (h, self.kv * self.hd, "col"), (h, self.kv * self.hd, "col")]
+        out.append((H * self.v_dim, h, "row"))
+        if moe_layer:
+            f = self.moe.shared_experts * self.moe.expert_ffn_hidden
+        else:
+            f = self.m.ffn_hidden
+        if f:
+            mlp = [(h, f, "col"), (h, f, "col"), (f, h, "row")] if self._mats() == 3 else [(h, f, "col"), (f, h, "row")]
+            out += mlp
+        return out
+
+    def _every_other(self, moe_layer: bool, fused_qkv: bool) -> tuple[float, float]:
+        """(forward FLOPs per token run again, activation bytes per token kept) under torchtitan's
+        op-level selective AC: the even-numbered matmuls (2nd, 4th, ...) and, in an MoE layer, the
+        router and the routed experts run again; the block's input, the odd-numbered matmuls'
+        outputs, the attention output and MoE's all-to-all outputs (dispatch and combine, saved as
+        communication) are kept."""
+        mms = self.block_matmuls(moe_layer, fused_qkv)
+        again = sum(2.0 * k * n for i, (k, n, _) in enumerate(mms) if i % 2 == 1)
+        kept = 2.0 * self.h + sum(2.0 * n for i, (_, n, _) in enumerate(mms) if i % 2 == 0)
+        kept += 2.0 * self.heads * self.v_dim  # the attention kernel's output
+        if moe_layer:
+            e = self.moe
+            again += 2.0 * self.h * e.experts + 2.0 * e.experts_per_token * self._mats() * self.h * e.expert_ffn_hidden
+            kept += 2.0 * e.experts_per_token * 2.0 * self.h
+        return again, kept
+
     def layer(self, i: int) -> LayerShape:
         return self._layers[i]
 
@@ -170,6 +232,7 @@ class ModelMath:
             params = attn + mats * h * f + norms
             active, expert = params, 0
             mlp_act = lambda sel: (0 if sel else 2 * h) + self._mlp_act(f, sel) + self.dropout * h  # noqa: E731
+        sac = {v: self._every_other(moe_layer, fused) for v, fused in OP_SAC.items()}
         # Scores kept by a non-flash kernel: softmax (2 bytes) + dropout mask and output (1 + 2).
         scores = self.heads * (2 + 3 * self.dropout)
         return LayerShape(
@@ -180,6 +243,8 @@ class ModelMath:
             act_selective=self._attn_act(True) + 2 * h + mlp_act(True),
             act_selective_core=self._attn_act(False) + 2 * h + mlp_act(False),
             recompute_up_flops=self._up_flops(),
+            recompute_mm_flops={v: f for v, (f, _) in sac.items()},
+            act_every_other={v: b for v, (_, b) in sac.items()},
             attn_fwd_flops=self.heads * (self.qk_dim + self.v_dim),
             scores_bytes_per_s=scores,
         )
@@ -214,6 +279,8 @@ class ModelMath:
         model = 6.0 * l.active_params + 3.0 * attn_fwd
         if recompute == "full":
             hw = model + 2.0 * l.active_params + attn_fwd
+        elif recompute == "selective" and selective in OP_SAC:
+            hw = model + l.recompute_mm_flops[selective]  # the attention kernel is saved, not run again
         elif recompute == "selective":
             hw = model + attn_fwd + (l.recompute_up_flops if selective == "orchestrator" else 0.0)
         else:
@@ -227,6 +294,8 @@ class ModelMath:
         if recompute == "full":
             return 2.0 * self.h  # only the layer input
         scores = 0.0 if flash else l.scores_bytes_per_s * seq_len
+        if recompute == "selective" and selective in OP_SAC:
+            return l.act_every_other[selective]
         if recompute == "selective":  # either definition recomputes the score matrix
             return l.act_selective if selective == "orchestrator" else l.act_selective_core
         return l.act_none + scores
