@@ -253,7 +253,7 @@ def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evalua
     computes from the leave-one-source-family-out predictions of the presets' fit; an interval
     calibrated without a family's own residuals (the planner's plan_interval on that table)
     covers 80% of the runs of each regime."""
-    from orchestrator.plan.uncertainty import ATTENTION_SPREAD, honest, load, residual, shipped_table
+    from orchestrator.plan.uncertainty import ATTENTION_SPREAD, by_regime, honest, load, shipped_table
 
     full = shipped_table(evaluation.after_loso)
     shipped, table = load()["groups"], full["groups"]
@@ -266,12 +266,8 @@ def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evalua
             assert band["lo"] == pytest.approx(ship["lo"], abs=0.01) and band["hi"] == pytest.approx(ship["hi"],
                                                                                                     abs=0.01), (k, kind)
     judged = [(p, iv) for p, iv in honest(evaluation.after_loso) if iv is not None]
-    per: dict[str, list[int]] = {}
-    for p, iv in judged:
-        acc = per.setdefault(residual(p)[1], [0, 0])
-        acc[0] += iv[0] <= p.truth <= iv[1]
-        acc[1] += 1
-    inside, rows = sum(a for a, _ in per.values()), sum(n for _, n in per.values())
+    per = by_regime(judged)
+    inside, rows = sum(v[0] for v in per.values()), sum(v[1] for v in per.values())
     # an 80% interval, judged on families it never saw: 75 of 90 (83%) with the attention kernel's release
     # term (plan/uncertainty.py), 70 of 90 (78%) without it
     assert rows >= 85 and 0.8 <= inside / rows <= 0.95
@@ -282,7 +278,7 @@ def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evalua
     # points, so its floor keeps a run's margin below the 8 of 10 it meets.
     floor = {"dense": 0.8, "cp": 0.8, "moe": 0.7}
     assert set(per) == set(floor)
-    for kind, (a, n) in per.items():
+    for kind, (a, n, _) in per.items():
         assert a / n >= floor[kind], (kind, a, n)
     # that family, never in a table that judges it, inside on every run: its excess is what the release
     # term says a slower attention kernel costs
@@ -304,6 +300,7 @@ def test_every_gpu_prediction_carries_an_interval_in_the_report_and_plan_json():
     # the attention kernel's share of the step (the interval's low end) grows with the sequence
     short = plan_of("recipe=llama3_405b")
     assert 0 < short.attention_share < cp.attention_share < 1 and cp.to_json()["attention_share"] == cp.attention_share
+    assert f"attention kernel {cp.attention_share:.0%} of the step" in render_table(cp)
     cpu = plan_of("hardware=cpu", "model=tiny", "cluster.nodes=1")
     assert cpu.mfu_interval is None and "MFU interval: none" in render_table(cpu)
 
