@@ -9,7 +9,9 @@ leave-one-source-out MAE (refit without the family, predict it).
 Interval coverage (orchestrator/plan/uncertainty.py): per family, how often the run's true MFU
 falls inside the 80% interval of its leave-one-source-out prediction, with the shipped table
 (calibrated on every family's residuals) and with a table calibrated without the family's own
-residuals (the honest figure: what a run from a new source can expect).
+residuals (the honest figure: what a run from a new source can expect), both through the
+planner's own plan_interval; per regime with and without the attention kernel's release term
+(uncertainty.ATTENTION_SPREAD), with the intervals' mean width.
 
 Run: .venv/bin/python benchmarks/calibration.py [--quick] [--presets] [--write-intervals]
   --quick            no leave-one-source-out folds (and no interval coverage)
@@ -25,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.published.calibrate import evaluate, load_runs, time_shares  # noqa: E402
-from orchestrator.plan.uncertainty import INTERVALS, coverage, coverage_by_regime, shipped_table  # noqa: E402
+from orchestrator.plan.uncertainty import (ATTENTION_SPREAD, INTERVALS, by_regime, covered, honest,  # noqa: E402
+                                           shipped_table)
 
 
 def _mae(preds) -> tuple[int, float | None, int]:
@@ -128,17 +131,28 @@ def _intervals(ev, write: bool) -> None:
     import json
 
     table = shipped_table(ev.after_loso)
-    cov = coverage(ev.after_loso)
+    judged = {u: honest(ev.after_loso, spread=u) for u in (0.0, ATTENTION_SPREAD)}
     print("\n80% MFU interval coverage per source family (true MFU inside the interval of its leave-one-source-"
           "out prediction): shipped table | table without the family's own residuals")
-    tot = [0, 0, 0, 0]
-    for fam, (shipped, nested, n_iv, n) in sorted(cov.items()):
-        tot = [a + b for a, b in zip(tot, (shipped, nested, n_iv, n))]
+    cov: dict[str, list[int]] = {}
+    for p, iv in judged[ATTENTION_SPREAD]:
+        acc = cov.setdefault(p.row.family, [0, 0, 0])
+        acc[0] += covered(p, table) is True
+        acc[1] += iv is not None and iv[0] <= p.truth <= iv[1]
+        acc[2] += iv is not None
+    tot = [sum(v[i] for v in cov.values()) for i in range(3)]
+    for fam, (shipped, nested, n_iv) in sorted(cov.items()):
         print(f"  {fam:<20} {shipped:>3} of {n_iv:<3} | {nested:>3} of {n_iv:<3}")
     print(f"  {'all':<20} {tot[0]:>3} of {tot[2]:<3} | {tot[1]:>3} of {tot[2]:<3} "
           f"({100 * tot[0] / max(tot[2], 1):.0f}% | {100 * tot[1] / max(tot[2], 1):.0f}%)")
-    print("  per regime, the honest figure: " + ", ".join(
-        f"{k} {a} of {n} ({100 * a / max(n, 1):.0f}%)" for k, (a, n) in coverage_by_regime(ev.after_loso).items()))
+    print("  per regime, the honest figure and the intervals' mean width (high - low) / predicted MFU, without the "
+          f"attention kernel's release term (u = 0) and with it (u = {ATTENTION_SPREAD}, the planner's):")
+    for u, runs in judged.items():
+        per = by_regime(runs)
+        a, n = sum(v[0] for v in per.values()), sum(v[1] for v in per.values())
+        print(f"    u = {u:<4} " + ", ".join(f"{k} {i} of {m} ({100 * i / max(m, 1):.0f}%) width {w:.2f}"
+                                         for k, (i, m, w) in per.items())
+              + f"; all {a} of {n} ({100 * a / max(n, 1):.0f}%)")
     print(f"  quantile level for an 80% interval on unseen families: {table['quantile_level']:.2f} over every run; "
           "per regime " + ", ".join(f"{k} {v:.2f}" for k, v in table["quantile_levels"].items()))
     print("  groups (log residual quantiles, rows): " + ", ".join(

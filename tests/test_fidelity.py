@@ -251,34 +251,39 @@ def test_the_planner_generalises_to_sources_it_was_not_fitted_on(evaluation):
 def test_the_shipped_interval_table_is_the_leave_one_source_out_residuals(evaluation):
     """orchestrator/plan/mfu_interval.json is what benchmarks/calibration.py --write-intervals
     computes from the leave-one-source-family-out predictions of the presets' fit; an interval
-    calibrated without a family's own residuals covers most of that family's runs."""
-    from orchestrator.plan.uncertainty import coverage, coverage_by_regime, load, shipped_table
+    calibrated without a family's own residuals (the planner's plan_interval on that table)
+    covers 80% of the runs of each regime."""
+    from orchestrator.plan.uncertainty import ATTENTION_SPREAD, by_regime, honest, load, shipped_table
 
     full = shipped_table(evaluation.after_loso)
     shipped, table = load()["groups"], full["groups"]
     assert set(table) == set(shipped) and load()["quantile_levels"] == full["quantile_levels"]
+    assert load()["attention_spread"] == full["attention_spread"] == ATTENTION_SPREAD
     for k, g in table.items():
         assert g["rows"] == shipped[k]["rows"], k
         for kind, band in [("", g)] + list(g.get("by_regime", {}).items()):  # a regime's fallback at its own level
             ship = shipped[k]["by_regime"][kind] if kind else shipped[k]
             assert band["lo"] == pytest.approx(ship["lo"], abs=0.01) and band["hi"] == pytest.approx(ship["hi"],
                                                                                                     abs=0.01), (k, kind)
-    cov = coverage(evaluation.after_loso)
-    nested, rows = sum(c[1] for c in cov.values()), sum(c[2] for c in cov.values())
-    # an 80% interval, judged on families it never saw: 70 of 90 (78%) since Megatron-Core's CP is planned
-    # as the ring it runs (below)
-    assert rows >= 85 and 0.75 <= nested / rows <= 0.95
-    # Each regime at its own level: context-parallel runs (whose sources disagree most) get the widest
-    # band, and the dense and MoE regimes do not fall far below 80% on families they never saw. The cp
-    # regime does (4 of 12 on 2026-12-05): 7 of its 12 runs are NeMo 24.03.01's long-context family,
-    # predicted ~30% fast under the p2p ring Megatron-Core runs, an excess that is the same share of the
-    # attention time at CP1 (the attention kernel of that release, plan/kernels.py; #37), so a band
-    # calibrated on the other cp families cannot reach it. Its floor says that, not 80%.
-    levels = full["quantile_levels"]
-    assert set(levels) == {"dense", "cp", "moe"} and levels["cp"] == max(levels.values())
-    floor = {"dense": 0.7, "moe": 0.7, "cp": 0.3}
-    for kind, (inside, n) in coverage_by_regime(evaluation.after_loso).items():
-        assert inside / n >= floor[kind], (kind, inside, n)
+    judged = [(p, iv) for p, iv in honest(evaluation.after_loso) if iv is not None]
+    per = by_regime(judged)
+    inside, rows = sum(v[0] for v in per.values()), sum(v[1] for v in per.values())
+    # an 80% interval, judged on families it never saw: 75 of 90 (83%) with the attention kernel's release
+    # term (plan/uncertainty.py), 70 of 90 (78%) without it
+    assert rows >= 85 and 0.8 <= inside / rows <= 0.95
+    # Per regime (2026-12-05): cp 10 of 12, dense 57 of 68, moe 8 of 10. Without the release term the cp
+    # regime was 4 of 12: NeMo 24.03.01's long-context family (evaluation only, attention 40-97% of the
+    # predicted step) runs ~30% slower than predicted, a constant share of its attention time, and a band
+    # of the other cp families' residuals could not reach it. MoE: 10 runs of 2 families, one run is 10
+    # points, so its floor keeps a run's margin below the 8 of 10 it meets.
+    floor = {"dense": 0.8, "cp": 0.8, "moe": 0.7}
+    assert set(per) == set(floor)
+    for kind, (a, n, _) in per.items():
+        assert a / n >= floor[kind], (kind, a, n)
+    # that family, never in a table that judges it, inside on every run: its excess is what the release
+    # term says a slower attention kernel costs
+    long_context = [(p, iv) for p, iv in judged if p.row.family == "nemo_long_context"]
+    assert len(long_context) == 7 and all(iv[0] <= p.truth <= iv[1] for p, iv in long_context)
 
 
 def test_every_gpu_prediction_carries_an_interval_in_the_report_and_plan_json():
@@ -292,6 +297,10 @@ def test_every_gpu_prediction_carries_an_interval_in_the_report_and_plan_json():
     moe, cp = plan_of("recipe=deepseek_v3"), plan_of("recipe=llama3_405b_long_context")
     assert moe.mfu_interval_basis.endswith("/moe") and cp.mfu_interval_basis.endswith("/cp")
     assert (moe.mfu_interval[1] - moe.mfu_interval[0]) / moe.mfu > 0.2  # MoE runs are the least certain
+    # the attention kernel's share of the step (the interval's low end) grows with the sequence
+    short = plan_of("recipe=llama3_405b")
+    assert 0 < short.attention_share < cp.attention_share < 1 and cp.to_json()["attention_share"] == cp.attention_share
+    assert f"attention kernel {cp.attention_share:.0%} of the step" in render_table(cp)
     cpu = plan_of("hardware=cpu", "model=tiny", "cluster.nodes=1")
     assert cpu.mfu_interval is None and "MFU interval: none" in render_table(cpu)
 

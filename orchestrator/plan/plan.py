@@ -21,7 +21,7 @@ from orchestrator.plan.layout import Layout
 from orchestrator.plan.model import ModelMath
 from orchestrator.plan.stages import build_stages
 from orchestrator.plan.topology import RankGrid, Tier, tiers_for
-from orchestrator.plan.uncertainty import plan_interval
+from orchestrator.plan.uncertainty import attention_share, plan_interval
 from orchestrator.plan.validate import check_order, validate
 
 
@@ -50,6 +50,7 @@ class Plan:
     # 80% interval of the MFU from leave-one-source-family-out residuals (plan/uncertainty.py)
     mfu_interval: list[float] | None = None
     mfu_interval_basis: str | None = None
+    attention_share: float | None = None  # of the predicted step, in the attention kernel (its low end)
     # hardware=cpu (plan/machine.py): what the step is predicted with on this machine, and whether it
     # is a prediction for this layout (`is_prediction`; if not, `not_measured` says why)
     prediction: dict | None = None
@@ -87,7 +88,8 @@ class Plan:
             out["step"] = self.step.to_json()
             out.update(mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu,
                        tokens_per_s=self.tokens_per_s, model_flops_per_step=self.model_flops_per_step,
-                       mfu_interval=self.mfu_interval, mfu_interval_basis=self.mfu_interval_basis)
+                       mfu_interval=self.mfu_interval, mfu_interval_basis=self.mfu_interval_basis,
+                       attention_share=self.attention_share)
             out["axes"] = [a.to_json() for a in self.axes.values() if a.size > 1]
             out["ranks"] = self.grid().to_json()
             out["expert_ranks"] = self.expert_grid().to_json()
@@ -171,6 +173,7 @@ def cost_plan(shaped: Shaped, spec: Config) -> Plan:
     plan.hfu = hw_flops / (world * peak * step.wall_s)
     plan.tflops_per_gpu = plan.mfu * hw.peak_tflops
     plan.tokens_per_s = tokens / step.wall_s
+    plan.attention_share = attention_share(plan, stages, mm)
     iv = plan_interval(plan)
     if iv is not None:
         plan.mfu_interval, plan.mfu_interval_basis = [iv[0], iv[1]], iv[2]

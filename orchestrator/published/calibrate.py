@@ -331,22 +331,15 @@ def predict_one(row: Row, params: dict | None = None) -> Prediction:
 
 def time_shares(pred: Prediction) -> dict[str, float]:
     """Where a row's predicted step goes, as shares of it: the step's parts (Step.wall_*) and,
-    within the compute, the attention core's kernel time on the stage that sets the pace
-    (plan/kernels.py features at the fitted coefficients). Empty for a row with no step."""
-    from orchestrator.plan.kernels import coefficients, shape_of, stage_features
-
+    within the compute, the attention core's kernel time (the plan's attention_share, which the
+    MFU interval's low end reads). Empty for a row with no step."""
     plan, shaped = pred.plan, _SHAPES.get(pred.row.name)
     step = getattr(plan, "step", None)
     if step is None or not step.wall_s or not hasattr(shaped, "stages"):  # a rejected layout: no stages
         return {}
     out = {k: getattr(step, "wall_" + k) / step.wall_s for k in ("compute", "tp", "cp", "ep", "pp_bubble", "p2p",
                                                                    "dp_exposed")}
-    spec, d = plan.spec, plan.layout
-    coef = coefficients(spec.hardware, spec.cost)
-    if (spec.cost.kernel_model or spec.hardware.kernel_model).value == "shape":
-        feats = stage_features(shaped.stages[min(step.stage, len(shaped.stages) - 1)], shaped.mm,
-                               shape_of(d, spec.training, spec.hardware, spec, coef))
-        out["attention"] = d.microbatches * feats.attn / coef.attention_efficiency / step.wall_s
+    out["attention"] = plan.attention_share or 0.0  # plan/uncertainty.py attention_share
     return out
 
 

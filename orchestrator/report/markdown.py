@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from orchestrator.plan.inventory import GiB, fmt_bytes
+from orchestrator.plan.uncertainty import ATTENTION_SPREAD
 from orchestrator.plan.validate import configured_zero
 
 STEP_PARTS = (("compute", "arithmetic"), ("tp", "TP collectives"), ("cp", "CP collectives"),
@@ -129,8 +130,11 @@ def _interval_line(plan) -> str:
     lo, hi = plan.mfu_interval
     key = plan.mfu_interval_basis
     own = key.split("/")[0] == plan.spec.stack.name
+    attn = plan.attention_share or 0.0
     return (f"  MFU 80% interval {_fmt_pct(lo)} - {_fmt_pct(hi)} (published runs nobody fitted on, group {key}"
-            + ("" if own else f"; stack {plan.spec.stack.name} has too few of its own") + ")")
+            + ("" if own else f"; stack {plan.spec.stack.name} has too few of its own")
+            + (f"; attention kernel {attn:.0%} of the step, up to {1 + ATTENTION_SPREAD:g}x slower on another "
+               "release" if attn >= 0.005 else "") + ")")
 
 
 def _axes(plan) -> list[str]:
