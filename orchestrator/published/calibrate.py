@@ -154,6 +154,7 @@ def row_from_csv(r: dict) -> Row:
     else:
         v = _vp(r, layers, pp, split)
         o += (["schedule=interleaved_1f1b", f"layout.vp={v}"] if pp > 1 and v > 1 else ["schedule=1f1b"])
+    o += (r.get("overrides") or "").split()  # what the source says its run set beyond the columns (last: they win)
     mfu, hfu, tf = r["mfu_pct_published"], r["hfu_pct_published"], _float(r["tflops_per_gpu"])
     peak = _float(r["peak_tflops_for_mfu"]) or None
     if r["truth"].startswith("hfu"):
