@@ -66,13 +66,14 @@ def cases() -> list[tuple[str, list[str], int]]:
                            "training.global_batch=512", "training.micro_batch=16", f"stack.tp_overlap={tp_overlap}",
                            *big], tps))
     # Table 5: Llama 3.1 405B, 512 GPUs (FSDP 8, TP 8, PP 8), global batch 256, full AC, compile + Float8 +
-    # async TP. inferred: torchtitan's default micro-batch count, one per pipeline stage (8 for 1F1B;
-    # 16 for Interleaved 1F1B at its default two stages per rank), so micro-batches of 4 and 2.
-    # The 126 layers split as torchtitan splits them, the embedding and the output counted as a layer
-    # each (generate_llm_fqn_per_model_part's input_weight and output_weight, 1 by default).
+    # async TP. torchtitan of the time (@e846b694, torchtitan/parallelisms/pipeline_llama.py): as many
+    # micro-batches as the pipeline degree unless set, so 8 of 4 sequences under either schedule, and two
+    # stages per rank for Interleaved 1F1B (pipelining_utils.generate_split_points).
+    # The 126 layers split as torchtitan split them ([15,16 x6,15], [7,8 x14,7]: generate_split_points),
+    # which is the embedding and the output counted as a layer each.
     for name, sched, tps in (("T5 405B 3D 1F1B", ["schedule=1f1b", "training.micro_batch=4"], 100),
                              ("T5 405B 3D interleaved", ["schedule=interleaved_1f1b", "layout.vp=2",
-                                                         "training.micro_batch=2"], 128)):
+                                                         "training.micro_batch=4"], 128)):
         out.append((name, ["model=llama3_405b", "cluster.nodes=64", "layout.tp=8", "layout.pp=8", "layout.dp=8",
                            "training.global_batch=256", "stack.tp_overlap=0.8", "stack.pipeline_accounting=embedding_loss",
                            *sched, *big], tps))
