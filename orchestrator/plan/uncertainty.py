@@ -39,8 +39,8 @@ benchmarks/calibration.py, tests/test_fidelity.py) judges each run with plan_int
 planner's own function, under a table and levels built without the run's family.
 
 Honest coverage and mean width (high - low) / MFU of those intervals, on 90 runs of 11 families
-(2026-12-05, before torchtitan's 14 evaluation runs joined: with them, 104 runs, u = 0.5: cp 13 of
-15, dense 67 of 79, moe 8 of 10, all 88 of 104, 85%; torchtitan_2412 14 of 14), without the release
+(2026-12-05, before the 24 evaluation runs of the FSDP2 families joined: with them, 114 runs, u = 0.5:
+cp 13 of 15, dense 72 of 89, moe 8 of 10, all 93 of 114, 82%), without the release
 term (u = 0, the table before) -> with it (u = 0.5):
 cp 4 of 12 (33%), width 0.25 -> 10 of 12 (83%), 0.40; dense 58 of 68 (85%), 0.26 -> 57 of 68
 (84%), 0.26; moe 8 of 10 (80%), 0.33 -> 8 of 10 (80%), 0.38; all 70 of 90 (78%) -> 75 of 90 (83%).
