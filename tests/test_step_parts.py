@@ -68,3 +68,40 @@ def test_the_attentions_gathers_count_as_context_parallel_with_their_wait():
     out = summarize(events)
     assert out["parts_s"]["cp"] == 2e-3 and out["regions"]["cp"] == 1 and out["parts_s"]["tp"] == 1e-3
     assert abs(out["parts_s"]["compute"] - 7e-3) < 1e-12
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_torch_sequence_parallel_relayouts_are_the_copies_the_plan_charges(batch):
+    """On [b, s, h] activations (stack.activation_layout=bsh) torch's functional collectives re-lay
+    a sequence-dim all-gather's output unless the micro-batch is one sequence, and a reduce-scatter's
+    input always (torch's own helpers, run here on the shapes they get). The plan charges exactly
+    those whole-activation copies over the [s, b, h] layout (under torchtitan's selective AC: six
+    all-gathers and four reduce-scatters per layer and micro-batch), and none under async TP."""
+    import torch
+    from torch._utils import _chunk_or_narrow_cat, _maybe_view_chunk_cat
+
+    from orchestrator import compose, make_plan
+    from orchestrator.plan.kernels import coefficients
+
+    t, seq, h = 2, 16, 8
+    gathered = torch.zeros(t * batch, seq // t, h)  # NCCL's all-gather output, the ranks' shards on dim 0
+    ag_copies = _maybe_view_chunk_cat(gathered, t, 1).untyped_storage().data_ptr() != \
+        gathered.untyped_storage().data_ptr()
+    full = torch.zeros(batch, seq, h)
+    rs_copies = _chunk_or_narrow_cat(full, t, 1, 0).untyped_storage().data_ptr() != full.untyped_storage().data_ptr()
+    assert rs_copies and ag_copies == (batch > 1)
+    copies = 6 * ag_copies + 4 * rs_copies
+
+    base = ["hardware=h100_sxm", "stack=torchtitan", "model=llama3_8b", "cluster.nodes=1", "layout.tp=2",
+            "layout.dp=4", f"training.micro_batch={batch}", "training.global_batch=16", "training.seq_len=4096",
+            "training.recompute=selective"]
+    plans = {k: make_plan(compose(base + extra)) for k, extra in
+             (("sbh", ["stack.activation_layout=sbh"]), ("bsh", []), ("async", ["stack.tp_overlap=0.2"]),
+              ("async_sbh", ["stack.tp_overlap=0.2", "stack.activation_layout=sbh"]))}
+    spec = plans["bsh"].spec
+    elementwise = coefficients(spec.hardware, spec.cost).elementwise
+    m = 16 // (4 * batch)
+    per_copy = 2 * (4096 * batch) * spec.model.hidden * 2 / (spec.hardware.hbm_gbps * 1e9) * elementwise
+    extra = plans["bsh"].step.wall_compute - plans["sbh"].step.wall_compute
+    assert extra == pytest.approx(copies * per_copy * spec.model.layers * m, rel=1e-6)
+    assert plans["async"].step.wall_compute == pytest.approx(plans["async_sbh"].step.wall_compute, rel=1e-12)

@@ -206,6 +206,11 @@ class CPComm(str, Enum):
     # What each trainer renders or refuses: frameworks/megatron.py, frameworks/torchtitan/, plan/capability.py
 
 
+class ActivationLayout(str, Enum):
+    sbh = "sbh"  # [sequence, batch, hidden] (Megatron-Core): sequence parallelism shards dim 0
+    bsh = "bsh"  # [batch, sequence, hidden] (torch's TP, torchtitan, this runtime): it shards dim 1
+
+
 class AttentionKernel(str, Enum):
     fused = "fused"  # cuDNN fused attention / FlashAttention-3 (Transformer Engine)
     flash2 = "flash2"  # FlashAttention-2 (torch SDPA's flash backend)
@@ -293,6 +298,13 @@ class StackConfig:
     # through Transformer Engine, what cost.attention_efficiency is fitted on) or `flash2`
     # (torch's scaled_dot_product_attention flash backend: FlashAttention-2), at hardware.flash2_speed.
     attention_kernel: AttentionKernel = AttentionKernel.fused
+    # Which activation dimension sequence parallelism shards (ActivationLayout). NCCL gathers and
+    # scatters along dim 0, so torch's functional collectives gather or reduce-scatter a [b, s, h]
+    # activation on its sequence dim with one copy of the whole activation each (all_gather_single:
+    # _maybe_view_chunk_cat, none when the micro-batch is one sequence; reduce_scatter_single:
+    # _chunk_or_narrow_cat; plan/kernels.sp_copies); Megatron's [s, b, h] needs none. Not with async TP (stack.tp_overlap > 0 on a
+    # torch stack): its fused all-gather-matmul moves the shard, not the whole activation.
+    activation_layout: ActivationLayout = ActivationLayout.sbh
 
 
 @dataclass

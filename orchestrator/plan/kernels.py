@@ -204,6 +204,7 @@ class Shape:
     eager: bool = False  # memory-bound ops run op by op (stack.fused_elementwise=false)
     attn_speed: float = 1.0  # the attention kernel's speed relative to the fitted fused kernels
     bf16_share: float = 0.0  # of the layers, those a low-precision run keeps in BF16 (training.bf16_layers)
+    sp_relayout: bool = False  # TP collectives re-lay whole activations (stack.activation_layout; sp_copies)
 
 
 def _gemm(M: float, N: float, K: float, lowp: bool, shape: Shape, passes: float = 3.0) -> Features:
@@ -346,6 +347,8 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
             elems += EAGER["rmsnorm"] * 2 * T * h / seq_shard + EAGER["swiglu"] / act * act_elems
     if rerun:
         elems *= 1.4  # the forward's share of the memory-bound work, run again
+    if s.sp_relayout and t > 1:
+        elems += sp_copies(s.mb, op_sac, full) * 2.0 * T * h  # each read and written once
     elif s.recompute == "selective" and s.selective == "orchestrator":
         # This runtime's (and DeepSeek-V3's) selective recompute: norms, the SwiGLU product and
         # MLA's up-projections run again in backward.
@@ -354,6 +357,19 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
             out += _gemm(M, N, K, f8, s, 1.0)
     out += _elem(elems, s)
     return out
+
+
+def sp_copies(mb: int, op_sac: bool, full: bool) -> float:
+    """Whole-activation copies per layer and micro-batch that torch's sequence-parallel collectives
+    make on [b, s, h] activations (stack.activation_layout=bsh): NCCL gathers and scatters along
+    dim 0, so an all-gather on the sequence dim re-lays its output (a copy unless the micro-batch is
+    one sequence: torch._utils._maybe_view_chunk_cat) and a reduce-scatter its input (always:
+    _chunk_or_narrow_cat). A layer runs two of each forward (attention's and the MLP's input gathered,
+    their outputs reduce-scattered) and two of each backward (each the other's gradient); torchtitan's
+    selective AC runs the two all-gathers again, full recompute all four."""
+    gathers = 4.0 + (2.0 if op_sac or full else 0.0)
+    scatters = 4.0 + (2.0 if full else 0.0)
+    return (gathers if mb > 1 else 0.0) + scatters
 
 
 def output_features(mm: ModelMath, s: Shape) -> Features:
@@ -380,6 +396,9 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
         hbm=hw.hbm_gbps * 1e9, bf16_share=min(max(tr.bf16_layers, 0) / max(spec.model.layers, 1), 1.0)
         if tr.precision.value in LOW_PRECISION else 0.0,
         eager=not stack.fused_elementwise,
+        sp_relayout=(stack.activation_layout.value == "bsh" and d.tp > 1
+                   and bool(spec.layout.sequence_parallel) and not stack.tp_overlap > 0
+                   and hw.device.value != "cpu"),  # on a CPU the probe's per-call time holds them
         attn_speed=(_clamp(hw.flash2_speed, 1e-3, 1.0, 1.0)
                     if stack.attention_kernel.value == "flash2" else 1.0))
 
