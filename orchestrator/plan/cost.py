@@ -102,6 +102,9 @@ class Step:
     wall_pp_bubble: float = 0.0
     wall_p2p: float = 0.0
     wall_dp_exposed: float = 0.0
+    # hardware=cpu: how many times as long each rank's work takes, its processes sharing the host's
+    # cores by their CPU demand (_shared_step); 1 where every rank has a core of its own (every GPU)
+    core_share: float = 1.0
 
     @property
     def wall(self) -> dict:
@@ -431,6 +434,7 @@ class _Pass:
     bubble: float
     dp: float
     stage: int
+    per_mb: tuple = ()  # each stage's (each rank's, DualPipe) micro-batch, the pacing one's is `mb`
 
 
 def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, AxisReport],
@@ -462,7 +466,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
     sm = stack.ep_comm_sm_fraction  # validate.LIMITS: 0 .. 0.9
 
-    def run(compute: list[float]) -> _Pass:
+    def run(compute: list[float], comm=comm) -> _Pass:
         per = []
         for c, (tp, cp, ep) in zip(compute, comm):
             ep_hidden = 0.0
@@ -485,7 +489,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         mb, comp, tp, cp, ep, ep_hidden = per[j]
         bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
         dp, _ = _data_parallel(axes, d, comp, m, spec, dp_gbps)
-        return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j)
+        return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j, tuple(x[0] for x in per))
 
     roof = run([tt.compute_s for tt in traffic])
     p2p = 0.0
@@ -499,6 +503,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
     constant = (spec.cost.kernel_model or spec.hardware.kernel_model).value == "constant"
+    share = 1.0
     hj = HostCalls()  # host time per collective call (CPU presets the probe measured; plan/overheads.py)
     if constant:
         eff = hw.kernel_efficiency
@@ -510,15 +515,21 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     else:
         coef = coefficients(hw, spec.cost)
         shape = shape_of(d, tr, hw, spec, coef)
-        share = _core_share(hw, d)
-        host = [host_calls(st, d, stage_features(st, mm, shape).kernels * 1e6, hw, share, mm) for st in stages]
-        achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
-                    + h.compute_mb for st, tt, h in zip(stages, traffic, host)]
-        comm[:] = [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)]
-        ach = run(achieved)
-        hj = host[ach.stage]
-        wall = {"compute": m * ach.comp + hj.optimizer_step, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
-                "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step, "dp_exposed": ach.dp + hj.dp_step}
+        feats = [stage_features(st, mm, shape) for st in stages]
+        kernel_s = [coef.seconds(f) + _scores_s(tt, st, mm, tr, hw, d) for f, st, tt in zip(feats, stages, traffic)]
+
+        def priced(share: float):
+            """The step with each rank's work (kernels and host calls) taking `share` times as long."""
+            host = [host_calls(st, d, f.kernels * 1e6, hw, share, mm) for st, f in zip(stages, feats)]
+            achieved = [k * share + h.compute_mb for k, h in zip(kernel_s, host)]
+            ach = run(achieved, [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)])
+            hj = host[ach.stage]
+            wall = {"compute": m * ach.comp + hj.optimizer_step, "tp": m * ach.tp, "cp": m * ach.cp,
+                    "ep": m * ach.ep, "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step,
+                    "dp_exposed": ach.dp + hj.dp_step}
+            return ach, hj, host, wall
+
+        share, (ach, hj, host, wall) = _shared_step(hw, d, priced)
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
     # The axes report what the predicted step pays.
@@ -534,7 +545,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
             costs[name] = replace(c, seconds=c.seconds + extra, exposed_s=c.exposed_s + extra)
     step = Step(compute=m * roof.comp, tp=m * roof.tp, cp=m * roof.cp, ep=m * roof.ep, pp_bubble=roof.bubble,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
-                microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
+                microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff, core_share=share,
                 **{"wall_" + k: v for k, v in wall.items()})
     return StepCost(step, costs)
 
@@ -554,13 +565,69 @@ def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spe
 
 
 def _core_share(hw, d: Layout) -> float:
-    """Processes of a hardware=cpu run beyond the host's cores share their time: each rank's
-    work takes world / cores as long (hardware.host_cores, measured by the probe; 0 = one
-    core per process)."""
+    """The most a hardware=cpu run's processes share the host's cores: every rank runnable all the
+    time, each rank's work takes world / cores as long (hardware.host_cores, the cores' worth the
+    probe measured; 0 = one core per process; 1 on every GPU preset). _shared_step finds the share
+    the ranks' CPU demand really gives, at most this."""
     cores = hw.host_cores or 0
     if hw.device.value != "cpu" or cores <= 0:
         return 1.0
     return max(1.0, d.world / cores)
+
+
+def _busy_s(ach: _Pass, host: list[HostCalls], m: int) -> float:
+    """Seconds of a step the mean rank wants a core: its stage's micro-batches (kernels, the host
+    time of its calls, the TP/CP/EP traffic gloo copies on the CPU), its optimizer, FSDP2's and the
+    sends' host time and the data-parallel traffic; not the pipeline's bubble, the sends' flight
+    time, nor the wait of a faster stage for the pacing one (blocked in a receive, it needs no core).
+    DualPipe's ranks: their mean micro-batch (per_mb), each rank's host step as its first stage's."""
+    busy = [m * mb + h.optimizer_step + h.pp_step + h.dp_step + ach.dp for mb, h in zip(ach.per_mb, host)]
+    return sum(busy) / len(busy)
+
+
+def _shared_step(hw, d: Layout, priced):
+    """A hardware=cpu step with its ranks sharing the host's cores by their CPU demand.
+
+    Processes beyond the host's cores (`host_cores`) time-share them; a rank wants a core only while
+    it works (_busy_s), not while it waits in a pipeline's bubble, for a send, or for a slower stage.
+    At a share s (each rank's work takes s times as long), the step is T(s) and the mean rank is busy
+    B(s) of it, so world x B(s) / T(s) processes want a core on average and the share they get is
+
+        s = max(1, world x B(s) / (T(s) x cores))
+
+    solved consistently (B and T themselves grow with s), by bisection between 1 (the ranks' demand
+    fits the cores at full speed) and world / cores (_core_share: every rank busy all the time),
+    which bracket it. Where every rank works the whole step (no pipeline: B = T), the share
+    is world / cores exactly, as before; a pipeline's ranks idle in their bubble, which leaves
+    their cores to the others (the tiny model's PP2 x DP2 on 2 cores, 8 micro-batches: 1.8, not 2). At s > 1 the equation
+    reads T(s) = world x B(s) / cores: the step is the ranks' CPU work over the cores. GPU presets
+    (and host_cores = 0): s = 1, no solving. `priced(s)` -> (pass, pacing stage's host calls, each
+    stage's host calls, the step's parts); returns (s, priced(s))."""
+    top = _core_share(hw, d)
+    if top <= 1.0:
+        return 1.0, priced(1.0)
+    cores = hw.host_cores
+
+    def excess(s: float):
+        got = priced(s)
+        ach, _, host, wall = got
+        demand = d.world * _busy_s(ach, host, d.microbatches) / max(sum(wall.values()), 1e-12)
+        return s - max(1.0, demand / cores), got
+
+    gap, got = excess(top)
+    if gap <= 1e-9:  # every rank busy all the time: world / cores
+        return top, got
+    gap, got = excess(1.0)
+    if gap >= -1e-9:  # the ranks' demand fits the cores at full speed
+        return 1.0, got
+    lo, hi = 1.0, top
+    while hi - lo > 1e-4 * hi:
+        mid = (lo + hi) / 2
+        if excess(mid)[0] < 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi, priced(hi)
 
 
 def _paced_traffic(traffic: list[Traffic], stage: int, bidirectional: bool,
