@@ -8,10 +8,14 @@ warm-up of each run, and the lowest of those medians (other load on a shared hos
 goes). The probe is taken from the cache the environment names (ORCHESTRATOR_CACHE_DIR); the
 stock prediction is planned in an empty cache.
 
-Beside each run the cores' worth its processes get is measured as the probe measures it
-(probe.cores_now, before and after the run, the mean kept): on a shared host other load takes
-a share the cached probe never saw, so the measured model is also planned at the load measured
-beside the run (`hardware.host_cores=`: a measurement of the host, nothing fitted on the run).
+During each run the cores' worth other load left it is measured: the host's busy CPU time
+(/proc/stat) less the run's own (its processes' rusage), over the run's wall time, taken from the
+cores this process may use (other load runs at a higher priority than these `nice` runs, so what
+it took is what the run could not have). On a shared host other load takes a share the cached
+probe never saw, so the measured model is also planned at that load (`hardware.host_cores=`: a
+measurement of the host over the run, nothing fitted on the run). probe.cores_now's snapshot
+before and after the run (as the probe measures host_cores: a second or two of work) is printed
+beside it; other load comes and goes within a run, and a snapshot can miss it either way.
 
 A plan says whether its step is a prediction for the layout on this machine (plan.json's
 `prediction`: the probe measured every part of it) or plainly not (what the probe did not
@@ -19,7 +23,8 @@ measure: more processes than it ran, a group wider than its pairs, experts, copi
 across the coordinator); those examples are counted apart, not in the within-20% tally.
 
 Prints per example: predicted (stock, measured model, measured model at the load measured beside
-the run), measured, measured / predicted, cores' worth, and whether the plan calls it a prediction.
+the run), measured, measured / predicted, cores' worth left by other load, and whether the plan
+calls it a prediction.
 
 Run: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/python benchmarks/readme_cpu.py [--steps 12] [--runs 2] [--only NAME]
 (first: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/orchestrate-calibrate --probe --ranks 8: the README's
@@ -70,6 +75,33 @@ def world_of(overrides: list[str]) -> int:
     return int(kv.get("cluster.nodes", 1)) * int(kv.get("hardware.gpus_per_node", 1))
 
 
+def _busy_jiffies() -> int:
+    """CPU time the host's cores have been busy (/proc/stat, clock ticks): all but idle and iowait."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def left_by_others(run) -> tuple[object, float]:
+    """Run `run()` and measure the cores' worth other load left it: the cores this process may use
+    less the host's busy CPU time that was not the run's (its processes' rusage), per second of it."""
+    import resource
+    import time
+
+    tick = os.sysconf("SC_CLK_TCK")
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+    def ours() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    t, busy, own = time.perf_counter(), _busy_jiffies(), ours()
+    out = run()
+    wall = time.perf_counter() - t
+    others = max((_busy_jiffies() - busy) / tick - (ours() - own), 0.0) / wall
+    return out, round(min(float(allowed), max(allowed - others, 1.0)), 2)
+
+
 def within(ratio: float) -> bool:
     return 0.8 <= ratio <= 1.2
 
@@ -104,17 +136,18 @@ def main() -> None:
             run = tmp / f"{name.split()[0]}-{n}-{k}"
             env = dict(os.environ, ORCHESTRATOR_CACHE_DIR=cache or empty)
             before = cores_now(world_of(over))
-            r = subprocess.run([sys.executable, "-m", "orchestrator", *over, "launcher=local", f"hydra.run.dir={run}"],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-            cores = (before + cores_now(world_of(over))) / 2
+            r, cores = left_by_others(lambda: subprocess.run(
+                [sys.executable, "-m", "orchestrator", *over, "launcher=local", f"hydra.run.dir={run}"],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
+            snapshot = (before + cores_now(world_of(over))) / 2
             got = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
             if got:
-                runs.append((rundir.measured_step_s(got), cores))
+                runs.append((rundir.measured_step_s(got), cores, snapshot))
             else:
                 print(f"  {name}: run {k} failed: {r.stderr[-300:]}")
         if not runs:
             continue
-        meas, cores = min(runs)
+        meas, cores, _ = min(runs)
         at_load, _ = predicted(over + [f"hardware.host_cores={cores:.2f}"], cache) if cache else (float("nan"), {})
         is_prediction = bool(prediction.get("is_prediction"))
         tally["predicted" if is_prediction else "labelled"] += 1
@@ -125,7 +158,8 @@ def main() -> None:
             labelled.append((name, prediction.get("not_measured") or ["no probe"]))
         print(f"{name:<22} {stock:7.3f} {model:7.3f} {at_load:7.3f} {meas:9.3f} {meas / stock:7.2f} "
               f"{meas / model:7.2f} {meas / at_load:7.2f} {cores:5.2f}  {'yes' if is_prediction else 'NO (labelled)'}"
-              f"   (medians {', '.join(f'{m:.3f} at {c:.2f} cores' for m, c in runs)})", flush=True)
+              f"   (medians {', '.join(f'{m:.3f} at {c:.2f} cores (snapshot {snap:.2f})' for m, c, snap in runs)})",
+              flush=True)
     p = tally["predicted"]
     print(f"\nof the {p} examples the plan calls a prediction, within 20%: stock preset {tally['stock']}, measured "
           f"model {tally['model']}, measured model at the load measured beside the run {tally['load']}")
