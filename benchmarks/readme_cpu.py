@@ -9,7 +9,7 @@ goes). The probe is taken from the cache the environment names (ORCHESTRATOR_CAC
 stock prediction is planned in an empty cache.
 
 During each run the cores' worth other load left it is measured: the host's busy CPU time
-(/proc/stat) less the run's own (its processes' rusage), over the run's wall time, taken from the
+(/proc/stat) less the run's own (its process tree's, sampled), over the run's wall time, taken from the
 cores this process may use (other load runs at a higher priority than these `nice` runs, so what
 it took is what the run could not have). On a shared host other load takes a share the cached
 probe never saw, so the measured model is also planned at that load (`hardware.host_cores=`: a
@@ -82,24 +82,56 @@ def _busy_jiffies() -> int:
     return sum(fields) - fields[3] - fields[4]
 
 
-def left_by_others(run) -> tuple[object, float]:
-    """Run `run()` and measure the cores' worth other load left it: the cores this process may use
-    less the host's busy CPU time that was not the run's (its processes' rusage), per second of it."""
+def _cpu_seconds() -> dict:
+    """Each process' CPU time so far (/proc/PID/stat: utime + stime) and its parent, by (pid, start time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[(int(pid), rest[19])] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
+    return out
+
+
+def left_by_others(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `cmd` and measure the cores' worth other load left it: the cores this process may use
+    less the host's busy CPU time that was not the run's, per second of the run. The run's is its
+    process tree's, every process that ever descended from it (its ranks lead sessions of their own,
+    and a rank's parent may end first), sampled twice a second, and at least its rusage."""
     import resource
+    import threading
     import time
 
     tick = os.sysconf("SC_CLK_TCK")
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    usage = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), k) for k in ("ru_utime", "ru_stime"))
+    t, busy, own = time.perf_counter(), _busy_jiffies(), usage()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    tree, seen, done = {proc.pid}, {}, threading.Event()
 
-    def ours() -> float:
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
+    def sample():
+        while not done.wait(0.5):
+            now = _cpu_seconds()
+            for (pid, start), (parent, cpu) in sorted(now.items(), key=lambda x: x[0][0]):
+                if pid in tree or parent in tree:
+                    tree.add(pid)
+                    seen[(pid, start)] = cpu
 
-    t, busy, own = time.perf_counter(), _busy_jiffies(), ours()
-    out = run()
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    out, err = proc.communicate(timeout=900)
+    done.set()
+    watcher.join()
     wall = time.perf_counter() - t
-    others = max((_busy_jiffies() - busy) / tick - (ours() - own), 0.0) / wall
-    return out, round(min(float(allowed), max(allowed - others, 1.0)), 2)
+    ours = max(sum(seen.values()), usage() - own)
+    others = max((_busy_jiffies() - busy) / tick - ours, 0.0) / wall
+    cores = round(min(float(allowed), max(allowed - others, 1.0)), 2)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), cores
 
 
 def within(ratio: float) -> bool:
@@ -136,9 +168,8 @@ def main() -> None:
             run = tmp / f"{name.split()[0]}-{n}-{k}"
             env = dict(os.environ, ORCHESTRATOR_CACHE_DIR=cache or empty)
             before = cores_now(world_of(over))
-            r, cores = left_by_others(lambda: subprocess.run(
-                [sys.executable, "-m", "orchestrator", *over, "launcher=local", f"hydra.run.dir={run}"],
-                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
+            r, cores = left_by_others([sys.executable, "-m", "orchestrator", *over, "launcher=local",
+                                       f"hydra.run.dir={run}"], cwd=ROOT, env=env)
             snapshot = (before + cores_now(world_of(over))) / 2
             got = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
             if got:
