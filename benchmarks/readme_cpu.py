@@ -26,7 +26,10 @@ Prints per example: predicted (stock, measured model, measured model at the load
 the run), measured, measured / predicted, cores' worth left by other load, and whether the plan
 calls it a prediction.
 
-Run: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/python benchmarks/readme_cpu.py [--steps 12] [--runs 2] [--only NAME]
+`--side` adds pipelines with a large bubble (SIDE: not README examples, counted apart), where how
+the ranks share the cores matters most.
+
+Run: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/python benchmarks/readme_cpu.py [--steps 12] [--runs 2] [--only NAME] [--side]
 (first: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/orchestrate-calibrate --probe --ranks 8: the README's
 examples run 4 and 8 processes; a probe of fewer leaves their time-sharing unmeasured)
 """
@@ -56,6 +59,17 @@ EXAMPLES = {  # README section -> its layout's overrides
     "sweep tp1 pp2": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=1", "layout.pp=2"],
     "sweep tp2 pp1": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=1"],
     "sweep tp2 pp2": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2"],
+}
+
+# Not README examples (`--side`, counted apart): pipelines whose bubble is a large part of the step,
+# where the share the ranks' CPU demand gives (plan/cost.py _shared_step) is furthest from world / cores.
+SIDE = {
+    "side pp4 m4": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=4",
+                    "training.global_batch=4"],
+    "side pp4 m8": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=4",
+                    "training.global_batch=8"],
+    "side pp2 dp2 m2": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=2",
+                        "training.global_batch=4"],
 }
 
 
@@ -143,6 +157,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="example names (default: all)")
+    ap.add_argument("--side", action="store_true", help="also the side layouts (SIDE), counted apart")
     args = ap.parse_args()
     from orchestrator import rundir
     from orchestrator.probe import cores_now
@@ -157,7 +172,7 @@ def main() -> None:
     tally = {"stock": 0, "model": 0, "load": 0, "predicted": 0, "labelled": 0}
     labelled = []
     every = {"stock": 0, "model": 0, "load": 0}
-    for n, (name, lay) in enumerate(EXAMPLES.items()):
+    for n, (name, lay) in enumerate({**EXAMPLES, **(SIDE if args.side else {})}.items()):
         if args.only and name not in args.only:
             continue
         over = CPU + lay + common
@@ -181,6 +196,11 @@ def main() -> None:
         meas, cores, _ = min(runs)
         at_load, _ = predicted(over + [f"hardware.host_cores={cores:.2f}"], cache) if cache else (float("nan"), {})
         is_prediction = bool(prediction.get("is_prediction"))
+        if name in SIDE:
+            print(f"{name:<22} {stock:7.3f} {model:7.3f} {at_load:7.3f} {meas:9.3f} {meas / stock:7.2f} "
+                  f"{meas / model:7.2f} {meas / at_load:7.2f} {cores:5.2f}  side "
+                  f"({'prediction' if is_prediction else 'labelled'})", flush=True)
+            continue
         tally["predicted" if is_prediction else "labelled"] += 1
         for key, pred in (("stock", stock), ("model", model), ("load", at_load)):
             every[key] += within(meas / pred)

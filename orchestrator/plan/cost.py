@@ -597,10 +597,11 @@ def _shared_step(hw, d: Layout, priced):
 
     solved consistently (B and T themselves grow with s), by bisection between 1 (the ranks' demand
     fits the cores at full speed) and world / cores (_core_share: every rank busy all the time),
-    which bracket it. Where every rank works the whole step (no pipeline: B = T), the share
-    is world / cores exactly, as before; a pipeline's ranks idle in their bubble, which leaves
-    their cores to the others (the tiny model's PP2 x DP2 on 2 cores, 8 micro-batches: 1.8, not 2). At s > 1 the equation
-    reads T(s) = world x B(s) / cores: the step is the ranks' CPU work over the cores. GPU presets
+    which bracket it. Where every rank works the whole step (no pipeline: B = T), the share is
+    world / cores exactly, as before; a pipeline's ranks idle in their bubble, which leaves their
+    cores to the others (the tiny model on 4 ranks and 2 cores: PP2 x DP2 with 8 micro-batches 1.8,
+    PP4 with 4 micro-batches 1.2, not 2). At s > 1 the equation reads T(s) = world x B(s) / cores:
+    the step is the ranks' CPU work over the cores. GPU presets
     (and host_cores = 0): s = 1, no solving. `priced(s)` -> (pass, pacing stage's host calls, each
     stage's host calls, the step's parts); returns (s, priced(s))."""
     top = _core_share(hw, d)
