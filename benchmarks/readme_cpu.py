@@ -9,9 +9,10 @@ goes). The probe is taken from the cache the environment names (ORCHESTRATOR_CAC
 stock prediction is planned in an empty cache.
 
 During each run the cores' worth other load left it is measured: the host's busy CPU time
-(/proc/stat) less the run's own (its process tree's, sampled), over the run's wall time, taken from the
-cores this process may use (other load runs at a higher priority than these `nice` runs, so what
-it took is what the run could not have). On a shared host other load takes a share the cached
+(/proc/stat) less the run's own (its process tree's, sampled twice a second), per second of its
+timed steps, taken from the cores this process may use (what other load took, the run did not get;
+with autogroup scheduling each rank, leading a session of its own, competes as a group of its own,
+so `nice` does not keep it behind other load). On a shared host other load takes a share the cached
 probe never saw, so the measured model is also planned at that load (`hardware.host_cores=`: a
 measurement of the host over the run, nothing fitted on the run). probe.cores_now's snapshot
 before and after the run (as the probe measures host_cores: a second or two of work) is printed
@@ -112,40 +113,46 @@ def _cpu_seconds() -> dict:
     return out
 
 
-def left_by_others(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, float]:
-    """Run `cmd` and measure the cores' worth other load left it: the cores this process may use
-    less the host's busy CPU time that was not the run's, per second of the run. The run's is its
-    process tree's, every process that ever descended from it (its ranks lead sessions of their own,
-    and a rank's parent may end first), sampled twice a second, and at least its rusage."""
-    import resource
+def run_watched(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, list]:
+    """Run `cmd`, sampling twice a second (epoch time, the host's busy CPU seconds, the run's own):
+    the run's own is its process tree's, every process that ever descended from it (its ranks lead
+    sessions of their own, and a rank's parent may end first), and this process' (the sampling)."""
     import threading
     import time
 
     tick = os.sysconf("SC_CLK_TCK")
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    usage = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), k) for k in ("ru_utime", "ru_stime"))
-    t, busy, own = time.perf_counter(), _busy_jiffies(), usage()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-    tree, seen, done = {proc.pid}, {}, threading.Event()
+    tree, seen, samples, done = {proc.pid}, {}, [], threading.Event()
 
     def sample():
-        while not done.wait(0.5):
+        while True:
             now = _cpu_seconds()
             for (pid, start), (parent, cpu) in sorted(now.items(), key=lambda x: x[0][0]):
                 if pid in tree or parent in tree:
                     tree.add(pid)
                     seen[(pid, start)] = cpu
+            samples.append((time.time(), _busy_jiffies() / tick, sum(seen.values()) + time.process_time()))
+            if done.wait(0.5):
+                return
 
     watcher = threading.Thread(target=sample, daemon=True)
     watcher.start()
     out, err = proc.communicate(timeout=900)
     done.set()
     watcher.join()
-    wall = time.perf_counter() - t
-    ours = max(sum(seen.values()), usage() - own)
-    others = max((_busy_jiffies() - busy) / tick - ours, 0.0) / wall
-    cores = round(min(float(allowed), max(allowed - others, 1.0)), 2)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), cores
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), samples
+
+
+def left_by_others(samples: list, start: float, end: float) -> float:
+    """The cores' worth other load left a run from `start` to `end` (epoch seconds: its timed steps):
+    the cores this process may use less the host's busy CPU time that was not the run's, per second,
+    between the samples that bracket the window most closely from inside (the whole run's where
+    fewer than two fall in it)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    inside = [x for x in samples if start <= x[0] <= end]
+    (t0, busy0, ours0), (t1, busy1, ours1) = (inside[0], inside[-1]) if len(inside) >= 2 else (samples[0], samples[-1])
+    others = max((busy1 - busy0) - (ours1 - ours0), 0.0) / max(t1 - t0, 1e-9)
+    return round(min(float(allowed), max(allowed - others, 1.0)), 2)
 
 
 def within(ratio: float) -> bool:
@@ -183,12 +190,16 @@ def main() -> None:
             run = tmp / f"{name.split()[0]}-{n}-{k}"
             env = dict(os.environ, ORCHESTRATOR_CACHE_DIR=cache or empty)
             before = cores_now(world_of(over))
-            r, cores = left_by_others([sys.executable, "-m", "orchestrator", *over, "launcher=local",
-                                       f"hydra.run.dir={run}"], cwd=ROOT, env=env)
+            r, samples = run_watched([sys.executable, "-m", "orchestrator", *over, "launcher=local",
+                                      f"hydra.run.dir={run}"], cwd=ROOT, env=env)
             snapshot = (before + cores_now(world_of(over))) / 2
-            got = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
+            steps = list(timed(read_steps(run))) if r.returncode == 0 else []
+            got = [float(x["step_time_s"]) for x in steps]
             if got:
-                runs.append((rundir.measured_step_s(got), cores, snapshot))
+                counted = rundir.measured(steps)  # the steps measured_step_s counts (after the warm-up)
+                window = (min(float(x["time"]) - float(x["step_time_s"]) for x in counted),
+                          max(float(x["time"]) for x in counted))
+                runs.append((rundir.measured_step_s(got), left_by_others(samples, *window), snapshot))
             else:
                 print(f"  {name}: run {k} failed: {r.stderr[-300:]}")
         if not runs:
