@@ -477,7 +477,8 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     on the command line wins and is marked the user's), and says plainly, in plan.json, its
     warning, plan.md and the run's step line, when its step is not a prediction for the layout:
     a part the probe did not measure (more processes than it ran, a group wider than its pairs,
-    experts, copies committing across the coordinator). GPU presets are untouched either way."""
+    experts, copies committing across the coordinator, a per-call cost the layout pays that came out
+    below zero). GPU presets are untouched either way."""
     import json
 
     from orchestrator.config.compose import compose, to_dict
@@ -540,6 +541,17 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     assert probed.step.wall_s != stock.step.wall_s
     mine = plan_of(*run, "hardware.fsdp_gather_us=7")
     assert mine.spec.hardware.fsdp_gather_us == 7.0 and mine.prediction["terms"]["fsdp_gather_us"] == "yours"
+    # a pipeline faster than its stages and sends as priced: the schedule's own time comes out below
+    # zero, unmeasured; a pipeline pays it (no prediction), a TP pair does not (still one)
+    raw = json.loads(json.dumps(PROBE_RAW))
+    raw["gloo"]["model_ms"]["pipelined_step"] = 40.0
+    measured = derive(raw)
+    assert "pp_microbatch_us" in measured["floored"]
+    write_cache(site_preset(measured, base), measured)
+    pp, tp = plan_of(*pair, "layout.pp=2"), plan_of(*pair, "layout.tp=2")
+    assert not pp.prediction["is_prediction"] and tp.prediction["is_prediction"]
+    assert any("hardware.pp_microbatch_us" in w for w in pp.prediction["not_measured"])
+    assert plan_of(*pair, "layout.pp=2", "hardware.pp_microbatch_us=900").prediction["is_prediction"]
 
 
 def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():

@@ -130,7 +130,7 @@ class Measurement:
         """plan.json's `prediction`: whether the plan's step is a prediction for this layout on this
         machine (`is_prediction`), and if not, each reason (`not_measured`): an unmeasured machine,
         or a part of this layout the probe did not measure (more processes than it ran, a group
-        wider than its pairs, experts)."""
+        wider than its pairs, experts, a per-call cost this layout pays that came out below zero)."""
         if self.record is None:
             return {"basis": "stock preset", "is_prediction": False, "not_measured": [
                 f"this machine is unmeasured: the stock preset's one efficiency is fitted to `make demo`'s layout "
@@ -158,6 +158,13 @@ class Measurement:
                 why.append(f"expert parallelism (EP{layout.ep}): the probe measures no MoE layer and no all-to-all")
             if layout.chunks > 1:
                 why.append(f"{layout.chunks} model chunks per pipeline rank: the probe timed one")
+            from orchestrator.plan.overheads import paid_terms
+
+            for key in sorted(paid_terms(layout) & set(rec.get("floored") or ())):
+                if self.sources.get(key) == "below the noise":  # not the user's own value
+                    why.append(f"hardware.{key}, which this layout pays, came out below zero in the probe (a "
+                               f"difference of two timings within their noise; 0 in the preset): not measured here; "
+                               f"measure again (`{PROBE_HOW}`), or give it (hardware.{key}=...)")
         return {"basis": "probe", "is_prediction": not why, "not_measured": why,
                 "cache": str(cache_path()), "measured_at": rec.get("measured_at"), "probe_ranks": probed,
                 "probe_group": group, "terms": dict(self.sources)}

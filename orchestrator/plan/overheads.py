@@ -69,6 +69,16 @@ def parameter_tensors(st, mm) -> int:
     return dense * (6 + mats) + st.moe_layers * moe + int(st.embeds) + 2 * int(st.outputs)
 
 
+def paid_terms(d) -> set[str]:
+    """The probe's per-call keys (hardware.*_us) host_calls prices for layout `d`: what a plan's step
+    rests on (plan/machine.py: a key the probe could not measure leaves no prediction for it)."""
+    fsdp = d.dp_shard * d.cp > 1
+    return ({"optimizer_us"} | ({"tp_call_us", "dtensor_op_us", "c10d_call_us"} if d.tp > 1 else set())
+            | ({"cp_call_us"} if d.cp > 1 else set()) | ({"fsdp_gather_us", "fsdp_reduce_us"} if fsdp else set())
+            | ({"dtensor_optimizer_us"} if d.tp > 1 or fsdp else set())
+            | ({"pp_microbatch_us", "c10d_call_us"} if d.pp > 1 else set()))
+
+
 def host_calls(st, d, kernels_mb: float, hw, share: float, mm) -> HostCalls:
     """`kernels_mb`: the kernels the shape model counts for one micro-batch of the stage."""
     tp_call, op, c10d = _us(hw, "tp_call_us"), _us(hw, "dtensor_op_us"), _us(hw, "c10d_call_us")
