@@ -103,7 +103,7 @@ class Step:
     wall_p2p: float = 0.0
     wall_dp_exposed: float = 0.0
     # hardware=cpu: how many times as long each rank's work takes, its processes sharing the host's
-    # cores by their CPU demand (_shared_step); 1 where every rank has a core of its own (every GPU)
+    # cores (_core_share); 1 where every rank has a core of its own (every GPU)
     core_share: float = 1.0
 
     @property
@@ -434,7 +434,6 @@ class _Pass:
     bubble: float
     dp: float
     stage: int
-    per_mb: tuple = ()  # each stage's (each rank's, DualPipe) micro-batch, the pacing one's is `mb`
 
 
 def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, AxisReport],
@@ -489,7 +488,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         mb, comp, tp, cp, ep, ep_hidden = per[j]
         bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
         dp, _ = _data_parallel(axes, d, comp, m, spec, dp_gbps)
-        return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j, tuple(x[0] for x in per))
+        return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j)
 
     roof = run([tt.compute_s for tt in traffic])
     p2p = 0.0
@@ -529,7 +528,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
                     "dp_exposed": ach.dp + hj.dp_step}
             return ach, hj, host, wall
 
-        share, (ach, hj, host, wall) = _shared_step(hw, d, priced)
+        share = _core_share(hw, d)
+        ach, hj, host, wall = priced(share)
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
     # The axes report what the predicted step pays.
@@ -565,70 +565,21 @@ def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spe
 
 
 def _core_share(hw, d: Layout) -> float:
-    """The most a hardware=cpu run's processes share the host's cores: every rank runnable all the
-    time, each rank's work takes world / cores as long (hardware.host_cores, the cores' worth the
-    probe measured; 0 = one core per process; 1 on every GPU preset). _shared_step finds the share
-    the ranks' CPU demand really gives, at most this."""
+    """How many times as long each rank's work takes where a hardware=cpu run's processes outnumber
+    the host's cores (hardware.host_cores, the cores' worth the probe measured; 0 = one core per
+    process; 1 on every GPU preset): world / cores, every rank counted as wanting a core all step.
+
+    Not by CPU demand (a pipeline's rank idles in its bubble, which a work-conserving scheduler
+    would give to the others: share = world x busy / (step x cores), solved consistently): measured
+    on a quiet 2-core host (benchmarks/readme_cpu.py, 4 and 8 ranks, #37 item 6) that share
+    under-predicts every pipeline layout more than this one (README's PP examples 1.19-1.38x
+    measured/predicted against 1.03-1.20x; PP4 with 4 micro-batches 1.27-1.48x against 0.77-0.90x):
+    the cores stand a third idle while the coupled ranks wait on each other's sends and collectives
+    (/proc/stat during a TP2 x PP2 run), so the bubble's cores are not taken up."""
     cores = hw.host_cores or 0
     if hw.device.value != "cpu" or cores <= 0:
         return 1.0
     return max(1.0, d.world / cores)
-
-
-def _busy_s(ach: _Pass, host: list[HostCalls], m: int) -> float:
-    """Seconds of a step the mean rank wants a core: its stage's micro-batches (kernels, the host
-    time of its calls, the TP/CP/EP traffic gloo copies on the CPU), its optimizer, FSDP2's and the
-    sends' host time and the data-parallel traffic; not the pipeline's bubble, the sends' flight
-    time, nor the wait of a faster stage for the pacing one (blocked in a receive, it needs no core).
-    DualPipe's ranks: their mean micro-batch (per_mb), each rank's host step as its first stage's."""
-    busy = [m * mb + h.optimizer_step + h.pp_step + h.dp_step + ach.dp for mb, h in zip(ach.per_mb, host)]
-    return sum(busy) / len(busy)
-
-
-def _shared_step(hw, d: Layout, priced):
-    """A hardware=cpu step with its ranks sharing the host's cores by their CPU demand.
-
-    Processes beyond the host's cores (`host_cores`) time-share them; a rank wants a core only while
-    it works (_busy_s), not while it waits in a pipeline's bubble, for a send, or for a slower stage.
-    At a share s (each rank's work takes s times as long), the step is T(s) and the mean rank is busy
-    B(s) of it, so world x B(s) / T(s) processes want a core on average and the share they get is
-
-        s = max(1, world x B(s) / (T(s) x cores))
-
-    solved consistently (B and T themselves grow with s), by bisection between 1 (the ranks' demand
-    fits the cores at full speed) and world / cores (_core_share: every rank busy all the time),
-    which bracket it. Where every rank works the whole step (no pipeline: B = T), the share is
-    world / cores exactly, as before; a pipeline's ranks idle in their bubble, which leaves their
-    cores to the others (the tiny model on 4 ranks and 2 cores: PP2 x DP2 with 8 micro-batches 1.8,
-    PP4 with 4 micro-batches 1.2, not 2). At s > 1 the equation reads T(s) = world x B(s) / cores:
-    the step is the ranks' CPU work over the cores. GPU presets
-    (and host_cores = 0): s = 1, no solving. `priced(s)` -> (pass, pacing stage's host calls, each
-    stage's host calls, the step's parts); returns (s, priced(s))."""
-    top = _core_share(hw, d)
-    if top <= 1.0:
-        return 1.0, priced(1.0)
-    cores = hw.host_cores
-
-    def excess(s: float):
-        got = priced(s)
-        ach, _, host, wall = got
-        demand = d.world * _busy_s(ach, host, d.microbatches) / max(sum(wall.values()), 1e-12)
-        return s - max(1.0, demand / cores), got
-
-    gap, got = excess(top)
-    if gap <= 1e-9:  # every rank busy all the time: world / cores
-        return top, got
-    gap, got = excess(1.0)
-    if gap >= -1e-9:  # the ranks' demand fits the cores at full speed
-        return 1.0, got
-    lo, hi = 1.0, top
-    while hi - lo > 1e-4 * hi:
-        mid = (lo + hi) / 2
-        if excess(mid)[0] < 0:
-            lo = mid
-        else:
-            hi = mid
-    return hi, priced(hi)
 
 
 def _paced_traffic(traffic: list[Traffic], stage: int, bidirectional: bool,

@@ -172,7 +172,7 @@ class Measurement:
     def line(self, prediction: dict, share: float = 1.0) -> str:
         """The plan's one warning about it: which measurement it predicts with, or plainly that its
         step is not a prediction for this layout (or machine) and why; `share`: how many times as
-        long each rank's work takes, its processes sharing the cores (plan/cost.py _shared_step)."""
+        long each rank's work takes, its processes sharing the cores (plan/cost.py _core_share)."""
         if prediction["basis"] != "probe":
             return (f"hardware=cpu: this machine is unmeasured, so the predicted step is not a prediction "
                     f"for it: the stock preset's one efficiency is fitted to `make demo`'s layout (TP2 PP2 "
@@ -184,7 +184,7 @@ class Measurement:
                 f"{self.record.get('measured_at', '?')}, {cache_path()})"
                 + (f", which found {cores:g} cores' worth free for the ranks: other load on the host "
                    f"changes the step" if cores else "")
-                + (f"; the ranks share the cores by what they compute: each rank's work takes {share:.2f}x as "
+                + (f"; the ranks outnumber those cores: each rank's work takes {share:.2f}x as "
                    f"long" if share > 1.0 else ""))
         if prediction["not_measured"]:
             return (head + "; but the predicted step is NOT a prediction for this layout, which the probe did "

@@ -31,8 +31,8 @@ the calls, ops and parameter tensors from the layout and the stage, torch-free:
   and a DTensor parameter (TP's shards, FSDP2's) costs `dtensor_optimizer_us` more: its update
   runs through DTensor's dispatch op by op. Counted in the step's compute, as the profile does.
 
-Every call's host time scales with the core share (processes beyond the host's cores, sharing them by
-what they compute: plan/cost.py _shared_step).
+Every call's host time scales with the core share (processes beyond the host's cores: plan/cost.py
+_core_share).
 The per-call costs are 0 on presets without them (every GPU preset): nothing changes there.
 """
 from __future__ import annotations
