@@ -63,7 +63,7 @@ EXAMPLES = {  # README section -> its layout's overrides
 }
 
 # Not README examples (`--side`, counted apart): pipelines whose bubble is a large part of the step,
-# where the share the ranks' CPU demand gives (plan/cost.py _shared_step) is furthest from world / cores.
+# where whether idle ranks leave their cores to the others matters most (plan/cost.py _core_share).
 SIDE = {
     "side pp4 m4": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=4",
                     "training.global_batch=4"],
