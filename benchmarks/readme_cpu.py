@@ -8,10 +8,15 @@ warm-up of each run, and the lowest of those medians (other load on a shared hos
 goes). The probe is taken from the cache the environment names (ORCHESTRATOR_CACHE_DIR); the
 stock prediction is planned in an empty cache.
 
-Beside each run the cores' worth its processes get is measured as the probe measures it
-(probe.cores_now, before and after the run, the mean kept): on a shared host other load takes
-a share the cached probe never saw, so the measured model is also planned at the load measured
-beside the run (`hardware.host_cores=`: a measurement of the host, nothing fitted on the run).
+During each run the cores' worth other load left it is measured: the host's busy CPU time
+(/proc/stat) less the run's own (its process tree's, sampled twice a second), per second of its
+timed steps, taken from the cores this process may use (what other load took, the run did not get;
+with autogroup scheduling each rank, leading a session of its own, competes as a group of its own,
+so `nice` does not keep it behind other load). On a shared host other load takes a share the cached
+probe never saw, so the measured model is also planned at that load (`hardware.host_cores=`: a
+measurement of the host over the run, nothing fitted on the run). probe.cores_now's snapshot
+before and after the run (as the probe measures host_cores: a second or two of work) is printed
+beside it; other load comes and goes within a run, and a snapshot can miss it either way.
 
 A plan says whether its step is a prediction for the layout on this machine (plan.json's
 `prediction`: the probe measured every part of it) or plainly not (what the probe did not
@@ -19,9 +24,13 @@ measure: more processes than it ran, a group wider than its pairs, experts, copi
 across the coordinator); those examples are counted apart, not in the within-20% tally.
 
 Prints per example: predicted (stock, measured model, measured model at the load measured beside
-the run), measured, measured / predicted, cores' worth, and whether the plan calls it a prediction.
+the run), measured, measured / predicted, cores' worth left by other load, and whether the plan
+calls it a prediction.
 
-Run: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/python benchmarks/readme_cpu.py [--steps 12] [--runs 2] [--only NAME]
+`--side` adds pipelines with a large bubble (SIDE: not README examples, counted apart), where how
+the ranks share the cores matters most.
+
+Run: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/python benchmarks/readme_cpu.py [--steps 12] [--runs 2] [--only NAME] [--side]
 (first: ORCHESTRATOR_CACHE_DIR=DIR .venv/bin/orchestrate-calibrate --probe --ranks 8: the README's
 examples run 4 and 8 processes; a probe of fewer leaves their time-sharing unmeasured)
 """
@@ -53,6 +62,17 @@ EXAMPLES = {  # README section -> its layout's overrides
     "sweep tp2 pp2": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.tp=2", "layout.pp=2"],
 }
 
+# Not README examples (`--side`, counted apart): pipelines whose bubble is a large part of the step,
+# where whether idle ranks leave their cores to the others matters most (plan/cost.py _core_share).
+SIDE = {
+    "side pp4 m4": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=4",
+                    "training.global_batch=4"],
+    "side pp4 m8": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=4",
+                    "training.global_batch=8"],
+    "side pp2 dp2 m2": ["model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=4", "layout.pp=2",
+                        "training.global_batch=4"],
+}
+
 
 def predicted(overrides: list[str], cache: str) -> tuple[float, dict]:
     """The plan's wall-clock step and its `prediction` (plan/machine.py) in the cache named."""
@@ -70,6 +90,71 @@ def world_of(overrides: list[str]) -> int:
     return int(kv.get("cluster.nodes", 1)) * int(kv.get("hardware.gpus_per_node", 1))
 
 
+def _busy_jiffies() -> int:
+    """CPU time the host's cores have been busy (/proc/stat, clock ticks): all but idle and iowait."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def _cpu_seconds() -> dict:
+    """Each process' CPU time so far (/proc/PID/stat: utime + stime) and its parent, by (pid, start time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[(int(pid), rest[19])] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
+    return out
+
+
+def run_watched(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, list]:
+    """Run `cmd`, sampling twice a second (epoch time, the host's busy CPU seconds, the run's own):
+    the run's own is its process tree's, every process that ever descended from it (its ranks lead
+    sessions of their own, and a rank's parent may end first), and this process' (the sampling)."""
+    import threading
+    import time
+
+    tick = os.sysconf("SC_CLK_TCK")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    tree, seen, samples, done = {proc.pid}, {}, [], threading.Event()
+
+    def sample():
+        while True:
+            now = _cpu_seconds()
+            for (pid, start), (parent, cpu) in sorted(now.items(), key=lambda x: x[0][0]):
+                if pid in tree or parent in tree:
+                    tree.add(pid)
+                    seen[(pid, start)] = cpu
+            samples.append((time.time(), _busy_jiffies() / tick, sum(seen.values()) + time.process_time()))
+            if done.wait(0.5):
+                return
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    out, err = proc.communicate(timeout=900)
+    done.set()
+    watcher.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), samples
+
+
+def left_by_others(samples: list, start: float, end: float) -> float:
+    """The cores' worth other load left a run from `start` to `end` (epoch seconds: its timed steps):
+    the cores this process may use less the host's busy CPU time that was not the run's, per second,
+    between the samples that bracket the window most closely from inside (the whole run's where
+    fewer than two fall in it)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    inside = [x for x in samples if start <= x[0] <= end]
+    (t0, busy0, ours0), (t1, busy1, ours1) = (inside[0], inside[-1]) if len(inside) >= 2 else (samples[0], samples[-1])
+    others = max((busy1 - busy0) - (ours1 - ours0), 0.0) / max(t1 - t0, 1e-9)
+    return round(min(float(allowed), max(allowed - others, 1.0)), 2)
+
+
 def within(ratio: float) -> bool:
     return 0.8 <= ratio <= 1.2
 
@@ -79,6 +164,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="example names (default: all)")
+    ap.add_argument("--side", action="store_true", help="also the side layouts (SIDE), counted apart")
     args = ap.parse_args()
     from orchestrator import rundir
     from orchestrator.probe import cores_now
@@ -93,7 +179,7 @@ def main() -> None:
     tally = {"stock": 0, "model": 0, "load": 0, "predicted": 0, "labelled": 0}
     labelled = []
     every = {"stock": 0, "model": 0, "load": 0}
-    for n, (name, lay) in enumerate(EXAMPLES.items()):
+    for n, (name, lay) in enumerate({**EXAMPLES, **(SIDE if args.side else {})}.items()):
         if args.only and name not in args.only:
             continue
         over = CPU + lay + common
@@ -104,19 +190,28 @@ def main() -> None:
             run = tmp / f"{name.split()[0]}-{n}-{k}"
             env = dict(os.environ, ORCHESTRATOR_CACHE_DIR=cache or empty)
             before = cores_now(world_of(over))
-            r = subprocess.run([sys.executable, "-m", "orchestrator", *over, "launcher=local", f"hydra.run.dir={run}"],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-            cores = (before + cores_now(world_of(over))) / 2
-            got = [float(x["step_time_s"]) for x in timed(read_steps(run))] if r.returncode == 0 else []
+            r, samples = run_watched([sys.executable, "-m", "orchestrator", *over, "launcher=local",
+                                      f"hydra.run.dir={run}"], cwd=ROOT, env=env)
+            snapshot = (before + cores_now(world_of(over))) / 2
+            steps = list(timed(read_steps(run))) if r.returncode == 0 else []
+            got = [float(x["step_time_s"]) for x in steps]
             if got:
-                runs.append((rundir.measured_step_s(got), cores))
+                counted = rundir.measured(steps)  # the steps measured_step_s counts (after the warm-up)
+                window = (min(float(x["time"]) - float(x["step_time_s"]) for x in counted),
+                          max(float(x["time"]) for x in counted))
+                runs.append((rundir.measured_step_s(got), left_by_others(samples, *window), snapshot))
             else:
                 print(f"  {name}: run {k} failed: {r.stderr[-300:]}")
         if not runs:
             continue
-        meas, cores = min(runs)
+        meas, cores, _ = min(runs)
         at_load, _ = predicted(over + [f"hardware.host_cores={cores:.2f}"], cache) if cache else (float("nan"), {})
         is_prediction = bool(prediction.get("is_prediction"))
+        if name in SIDE:
+            print(f"{name:<22} {stock:7.3f} {model:7.3f} {at_load:7.3f} {meas:9.3f} {meas / stock:7.2f} "
+                  f"{meas / model:7.2f} {meas / at_load:7.2f} {cores:5.2f}  side "
+                  f"({'prediction' if is_prediction else 'labelled'})", flush=True)
+            continue
         tally["predicted" if is_prediction else "labelled"] += 1
         for key, pred in (("stock", stock), ("model", model), ("load", at_load)):
             every[key] += within(meas / pred)
@@ -125,7 +220,8 @@ def main() -> None:
             labelled.append((name, prediction.get("not_measured") or ["no probe"]))
         print(f"{name:<22} {stock:7.3f} {model:7.3f} {at_load:7.3f} {meas:9.3f} {meas / stock:7.2f} "
               f"{meas / model:7.2f} {meas / at_load:7.2f} {cores:5.2f}  {'yes' if is_prediction else 'NO (labelled)'}"
-              f"   (medians {', '.join(f'{m:.3f} at {c:.2f} cores' for m, c in runs)})", flush=True)
+              f"   (medians {', '.join(f'{m:.3f} at {c:.2f} cores (snapshot {snap:.2f})' for m, c, snap in runs)})",
+              flush=True)
     p = tally["predicted"]
     print(f"\nof the {p} examples the plan calls a prediction, within 20%: stock preset {tally['stock']}, measured "
           f"model {tally['model']}, measured model at the load measured beside the run {tally['load']}")

@@ -487,7 +487,8 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     on the command line wins and is marked the user's), and says plainly, in plan.json, its
     warning, plan.md and the run's step line, when its step is not a prediction for the layout:
     a part the probe did not measure (more processes than it ran, a group wider than its pairs,
-    experts, copies committing across the coordinator). GPU presets are untouched either way."""
+    experts, copies committing across the coordinator, a per-call cost the layout pays that came out
+    below zero). GPU presets are untouched either way."""
     import json
 
     from orchestrator.config.compose import compose, to_dict
@@ -550,6 +551,17 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     assert probed.step.wall_s != stock.step.wall_s
     mine = plan_of(*run, "hardware.fsdp_gather_us=7")
     assert mine.spec.hardware.fsdp_gather_us == 7.0 and mine.prediction["terms"]["fsdp_gather_us"] == "yours"
+    # a pipeline faster than its stages and sends as priced: the schedule's own time comes out below
+    # zero, unmeasured; a pipeline pays it (no prediction), a TP pair does not (still one)
+    raw = json.loads(json.dumps(PROBE_RAW))
+    raw["gloo"]["model_ms"]["pipelined_step"] = 40.0
+    measured = derive(raw)
+    assert "pp_microbatch_us" in measured["floored"]
+    write_cache(site_preset(measured, base), measured)
+    pp, tp = plan_of(*pair, "layout.pp=2"), plan_of(*pair, "layout.tp=2")
+    assert not pp.prediction["is_prediction"] and tp.prediction["is_prediction"]
+    assert any("hardware.pp_microbatch_us" in w for w in pp.prediction["not_measured"])
+    assert plan_of(*pair, "layout.pp=2", "hardware.pp_microbatch_us=900").prediction["is_prediction"]
 
 
 def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():
@@ -730,6 +742,21 @@ def test_the_probed_call_costs_price_the_calls_this_runtime_issues():
     m = base.layout.microbatches
     assert priced.step.wall_compute - base.step.wall_compute == pytest.approx(m * 1e-3)
     assert priced.step.wall_pp_bubble > base.step.wall_pp_bubble
+
+
+def test_cpu_ranks_beyond_the_cores_share_them_and_the_plan_says_how_much():
+    """hardware=cpu, 4 ranks on 2 cores: each rank's work (kernels and host calls) takes 2x as long,
+    a pipeline's as a data-parallel one's (measured: its ranks idle in the bubble, but the cores do
+    not take it up; plan/cost.py _core_share), and plan.json's step.core_share says so; with a core
+    each, or on a GPU, nothing is shared."""
+    tiny = ["hardware=cpu", "hardware.kernel_model=shape", "model=tiny", "cluster.nodes=1",
+            "hardware.gpus_per_node=4", "hardware.tp_call_us=500", "hardware.c10d_call_us=300"]
+    for lay in (["layout.dp=4"], ["layout.pp=2"]):
+        two, four = (plan_of(*tiny, *lay, f"hardware.host_cores={c}") for c in (2, 4))
+        assert (two.step.core_share, four.step.core_share) == (2.0, 1.0), lay
+        assert two.step.wall_compute == pytest.approx(2 * four.step.wall_compute), lay
+        assert two.to_json()["step"]["core_share"] == 2.0
+    assert plan_of("recipe=llama3_405b").step.core_share == 1.0
 
 
 def test_a_gpu_capped_below_its_tdp_runs_its_gemms_slower():

@@ -103,6 +103,9 @@ class Step:
     wall_pp_bubble: float = 0.0
     wall_p2p: float = 0.0
     wall_dp_exposed: float = 0.0
+    # hardware=cpu: how many times as long each rank's work takes, its processes sharing the host's
+    # cores (_core_share); 1 where every rank has a core of its own (every GPU)
+    core_share: float = 1.0
 
     @property
     def wall(self) -> dict:
@@ -465,7 +468,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     bidirectional = d.schedule.weight_copies == 2 and d.schedule.chunks(d.vp) == 1  # DualPipe
     sm = stack.ep_comm_sm_fraction  # validate.LIMITS: 0 .. 0.9
 
-    def run(compute: list[float]) -> _Pass:
+    def run(compute: list[float], comm=comm) -> _Pass:
         per = []
         for c, (tp, cp, ep) in zip(compute, comm):
             ep_hidden = 0.0
@@ -502,6 +505,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     total = m * roof.mb + roof.bubble + p2p + roof.dp
 
     constant = (spec.cost.kernel_model or spec.hardware.kernel_model).value == "constant"
+    share = 1.0
     hj = HostCalls()  # host time per collective call (CPU presets the probe measured; plan/overheads.py)
     if constant:
         eff = hw.kernel_efficiency
@@ -513,15 +517,22 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     else:
         coef = coefficients(hw, spec.cost)
         shape = shape_of(d, tr, hw, spec, coef)
+        feats = [stage_features(st, mm, shape) for st in stages]
+        kernel_s = [coef.seconds(f) + _scores_s(tt, st, mm, tr, hw, d) for f, st, tt in zip(feats, stages, traffic)]
+
+        def priced(share: float):
+            """The step with each rank's work (kernels and host calls) taking `share` times as long."""
+            host = [host_calls(st, d, f.kernels * 1e6, hw, share, mm) for st, f in zip(stages, feats)]
+            achieved = [k * share + h.compute_mb for k, h in zip(kernel_s, host)]
+            ach = run(achieved, [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)])
+            hj = host[ach.stage]
+            wall = {"compute": m * ach.comp + hj.optimizer_step, "tp": m * ach.tp, "cp": m * ach.cp,
+                    "ep": m * ach.ep, "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step,
+                    "dp_exposed": ach.dp + hj.dp_step}
+            return ach, hj, host, wall
+
         share = _core_share(hw, d)
-        host = [host_calls(st, d, stage_features(st, mm, shape).kernels * 1e6, hw, share, mm) for st in stages]
-        achieved = [(coef.seconds(stage_features(st, mm, shape)) + _scores_s(tt, st, mm, tr, hw, d)) * share
-                    + h.compute_mb for st, tt, h in zip(stages, traffic, host)]
-        comm[:] = [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)]
-        ach = run(achieved)
-        hj = host[ach.stage]
-        wall = {"compute": m * ach.comp + hj.optimizer_step, "tp": m * ach.tp, "cp": m * ach.cp, "ep": m * ach.ep,
-                "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step, "dp_exposed": ach.dp + hj.dp_step}
+        ach, hj, host, wall = priced(share)
         wall_s = sum(wall.values())
         keff = traffic[ach.stage].compute_s / ach.comp if ach.comp > 0 else 0.0
     # The axes report what the predicted step pays.
@@ -537,7 +548,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
             costs[name] = replace(c, seconds=c.seconds + extra, exposed_s=c.exposed_s + extra)
     step = Step(compute=m * roof.comp, tp=m * roof.tp, cp=m * roof.cp, ep=m * roof.ep, pp_bubble=roof.bubble,
                 p2p=p2p, dp_exposed=roof.dp, total_s=total, wall_s=wall_s, stage=roof.stage,
-                microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff,
+                microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff, core_share=share,
                 **{"wall_" + k: v for k, v in wall.items()})
     return StepCost(step, costs)
 
@@ -557,9 +568,17 @@ def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spe
 
 
 def _core_share(hw, d: Layout) -> float:
-    """Processes of a hardware=cpu run beyond the host's cores share their time: each rank's
-    work takes world / cores as long (hardware.host_cores, measured by the probe; 0 = one
-    core per process)."""
+    """How many times as long each rank's work takes where a hardware=cpu run's processes outnumber
+    the host's cores (hardware.host_cores, the cores' worth the probe measured; 0 = one core per
+    process; 1 on every GPU preset): world / cores, every rank counted as wanting a core all step.
+
+    Not by CPU demand (a pipeline's rank idles in its bubble, which a work-conserving scheduler
+    would give to the others: share = world x busy / (step x cores), solved consistently): measured
+    on a quiet 2-core host (benchmarks/readme_cpu.py, 4 and 8 ranks, #37 item 6) that share
+    under-predicts every pipeline layout more than this one (README's PP examples 1.19-1.38x
+    measured/predicted against 1.03-1.20x; PP4 with 4 micro-batches 1.27-1.48x against 0.77-0.90x):
+    the cores stand a third idle while the coupled ranks wait on each other's sends and collectives
+    (/proc/stat during a TP2 x PP2 run), so the bubble's cores are not taken up."""
     cores = hw.host_cores or 0
     if hw.device.value != "cpu" or cores <= 0:
         return 1.0

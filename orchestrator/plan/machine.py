@@ -130,7 +130,7 @@ class Measurement:
         """plan.json's `prediction`: whether the plan's step is a prediction for this layout on this
         machine (`is_prediction`), and if not, each reason (`not_measured`): an unmeasured machine,
         or a part of this layout the probe did not measure (more processes than it ran, a group
-        wider than its pairs, experts)."""
+        wider than its pairs, experts, a per-call cost this layout pays that came out below zero)."""
         if self.record is None:
             return {"basis": "stock preset", "is_prediction": False, "not_measured": [
                 f"this machine is unmeasured: the stock preset's one efficiency is fitted to `make demo`'s layout "
@@ -158,13 +158,21 @@ class Measurement:
                 why.append(f"expert parallelism (EP{layout.ep}): the probe measures no MoE layer and no all-to-all")
             if layout.chunks > 1:
                 why.append(f"{layout.chunks} model chunks per pipeline rank: the probe timed one")
+            from orchestrator.plan.overheads import paid_terms
+
+            for key in sorted(paid_terms(layout) & set(rec.get("floored") or ())):
+                if self.sources.get(key) == "below the noise":  # not the user's own value
+                    why.append(f"hardware.{key}, which this layout pays, came out below zero in the probe (a "
+                               f"difference of two timings within their noise; 0 in the preset): not measured here; "
+                               f"measure again (`{PROBE_HOW}`), or give it (hardware.{key}=...)")
         return {"basis": "probe", "is_prediction": not why, "not_measured": why,
                 "cache": str(cache_path()), "measured_at": rec.get("measured_at"), "probe_ranks": probed,
                 "probe_group": group, "terms": dict(self.sources)}
 
-    def line(self, prediction: dict) -> str:
+    def line(self, prediction: dict, share: float = 1.0) -> str:
         """The plan's one warning about it: which measurement it predicts with, or plainly that its
-        step is not a prediction for this layout (or machine) and why."""
+        step is not a prediction for this layout (or machine) and why; `share`: how many times as
+        long each rank's work takes, its processes sharing the cores (plan/cost.py _core_share)."""
         if prediction["basis"] != "probe":
             return (f"hardware=cpu: this machine is unmeasured, so the predicted step is not a prediction "
                     f"for it: the stock preset's one efficiency is fitted to `make demo`'s layout (TP2 PP2 "
@@ -175,7 +183,9 @@ class Measurement:
         head = (f"hardware=cpu: predicted with this machine's measured model ({PROBE_HOW}, "
                 f"{self.record.get('measured_at', '?')}, {cache_path()})"
                 + (f", which found {cores:g} cores' worth free for the ranks: other load on the host "
-                   f"changes the step" if cores else ""))
+                   f"changes the step" if cores else "")
+                + (f"; the ranks outnumber those cores: each rank's work takes {share:.2f}x as "
+                   f"long" if share > 1.0 else ""))
         if prediction["not_measured"]:
             return (head + "; but the predicted step is NOT a prediction for this layout, which the probe did "
                            "not measure: " + "; ".join(prediction["not_measured"]))

@@ -33,7 +33,7 @@ def make_plan(cfg: Any) -> Plan:
     plan = search(spec) if spec.layout.search else plan_spec(spec)
     if machine is not None:  # whether its step is a prediction for this layout here, and why not
         plan.prediction = machine.judge(plan.layout)
-        plan.warnings.append(machine.line(plan.prediction))
+        plan.warnings.append(machine.line(plan.prediction, plan.step.core_share if plan.step else 1.0))
     if plan.valid:
         attach(plan)  # cluster.topology / cluster.nodelist: the plan on those hosts
     if plan.layout is not None and spec.launcher.name != LauncherName.dry:

@@ -31,7 +31,8 @@ the calls, ops and parameter tensors from the layout and the stage, torch-free:
   and a DTensor parameter (TP's shards, FSDP2's) costs `dtensor_optimizer_us` more: its update
   runs through DTensor's dispatch op by op. Counted in the step's compute, as the profile does.
 
-Every call's host time scales with the core share (processes beyond the host's cores).
+Every call's host time scales with the core share (processes beyond the host's cores: plan/cost.py
+_core_share).
 The per-call costs are 0 on presets without them (every GPU preset): nothing changes there.
 """
 from __future__ import annotations
@@ -66,6 +67,16 @@ def parameter_tensors(st, mm) -> int:
     dense = len(st.layers) - st.moe_layers
     moe = 6 + 1 + mats + (mats if mm.moe and mm.moe.shared_experts else 0)
     return dense * (6 + mats) + st.moe_layers * moe + int(st.embeds) + 2 * int(st.outputs)
+
+
+def paid_terms(d) -> set[str]:
+    """The probe's per-call keys (hardware.*_us) host_calls prices for layout `d`: what a plan's step
+    rests on (plan/machine.py: a key the probe could not measure leaves no prediction for it)."""
+    fsdp = d.dp_shard * d.cp > 1
+    return ({"optimizer_us"} | ({"tp_call_us", "dtensor_op_us", "c10d_call_us"} if d.tp > 1 else set())
+            | ({"cp_call_us"} if d.cp > 1 else set()) | ({"fsdp_gather_us", "fsdp_reduce_us"} if fsdp else set())
+            | ({"dtensor_optimizer_us"} if d.tp > 1 or fsdp else set())
+            | ({"pp_microbatch_us", "c10d_call_us"} if d.pp > 1 else set()))
 
 
 def host_calls(st, d, kernels_mb: float, hw, share: float, mm) -> HostCalls:
