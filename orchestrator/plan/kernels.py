@@ -305,10 +305,13 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
     mats = 3 if mm.m.mlp == "swiglu" else 2
     act = 8.0 if mats == 3 else 5.0  # activation's elements per output element, fwd + bwd
 
-    def mlp(tokens: float, f: float, shard: int, count: float = 1.0) -> tuple[Features, float]:
+    def mlp(tokens: float, f: float, shard: int, count: float = 1.0,
+            passes: float | None = None) -> tuple[Features, float]:
+        """The MLP's GEMMs (fwd, dgrad, wgrad; a forward more under full recompute, or `passes`) and
+        its activation's elements."""
+        n = passes if passes is not None else (4.0 if full else 3.0)
         up_n = (2 if mats == 3 else 1) * f / shard
-        g = _gemm(tokens, up_n, h, f8, s, 4.0 if full else 3.0) + _gemm(tokens, h, f / shard, f8, s,
-                                                                       4.0 if full else 3.0)
+        g = _gemm(tokens, up_n, h, f8, s, n) + _gemm(tokens, h, f / shard, f8, s, n)
         return g.scale(count), act * tokens * f / shard * count
 
     if moe and mm.moe:
@@ -326,9 +329,7 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
         out += g
         if op_sac:  # the router and the routed experts' grouped GEMMs run again
             out += _gemm(owned, e.experts, h, False, s, 1.0)
-            up_n = (2 if mats == 3 else 1) * e.expert_ffn_hidden / etp
-            out += (_gemm(per_expert, up_n, h, f8, s, 1.0)
-                    + _gemm(per_expert, h, e.expert_ffn_hidden / etp, f8, s, 1.0)).scale(e.experts / ep)
+            out += mlp(per_expert, e.expert_ffn_hidden, etp, count=e.experts / ep, passes=1.0)[0]
         act_elems += a_el
         copies = owned * e.experts_per_token * (1.0 + s.imbalance)
         elems = act_elems + 8.0 * copies * h + 4.0 * owned * e.experts  # permute/unpermute, router softmax
