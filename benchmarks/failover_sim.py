@@ -35,6 +35,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -867,6 +868,8 @@ def scenario(name: str, kind: str, seed: int = 0) -> dict:
     except RuntimeError as e:  # a stall is a result: not recovered, and what was left waiting
         return {"config": name, "scenario": kind, "ranks": sim.N, "copies": sim.R, "recovered": False,
                 "error": str(e)[:2000], "step_s": round(sim.step_s, 3)}
+    finally:  # the run's files (SLURM folder, commits, lease) are read back within the run only
+        shutil.rmtree(sim.dir, ignore_errors=True)
 
 
 def tally(events: list[tuple], costs: dict, spares: int, restart_s: float, supervisor_s: float, repair_s: float,

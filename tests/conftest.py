@@ -9,9 +9,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # hardware=cpu predicts with this machine's cached probe where there is one (orchestrator/probe.py):
 # the tests plan the stock preset, in an empty cache of their own (the ranks they start inherit it)
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 os.environ["ORCHESTRATOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="orchestrator-test-cache-")
+atexit.register(shutil.rmtree, os.environ["ORCHESTRATOR_CACHE_DIR"], ignore_errors=True)  # one per session, not left behind
 
 
 def plan_of(*overrides: str):

@@ -305,6 +305,15 @@ class StackConfig:
     # _chunk_or_narrow_cat; plan/kernels.sp_copies); Megatron's [s, b, h] needs none. Not with async TP (stack.tp_overlap > 0 on a
     # torch stack): its fused all-gather-matmul moves the shard, not the whole activation.
     activation_layout: ActivationLayout = ActivationLayout.sbh
+    # Per-parameter sharding (FSDP2): each weight all-gather lands in one flat buffer and is copied
+    # out into the parameters (foreach_all_gather_copy_out: split_with_sizes_copy), and each
+    # gradient reduce-scatter first copies the unsharded gradients into its input, cast to the
+    # reduce dtype (foreach_reduce_scatter_copy_in: chunk_cat), both on the compute stream
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py); the fp32 shards are the
+    # optimizer's parameters. False: flat buffers the collectives and the weights share, and a
+    # bf16 copy of the weights refreshed from the optimizer's fp32 master once a step (Megatron's
+    # DDP and distributed optimizer). plan/kernels.step_features.
+    gather_copy_out: bool = False
 
 
 @dataclass
@@ -460,10 +469,10 @@ class CostConfig:
     kernel_model: Optional[KernelModel] = None
     # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
     # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
-    elementwise: float = 0.853  # weight of the memory-bound work (norms, activations, casts, softmax)
-    attention_efficiency: float = 0.577  # fraction of the bf16 peak flash attention's forward reaches
+    elementwise: float = 0.819  # weight of the memory-bound work (norms, activations, casts, softmax)
+    attention_efficiency: float = 0.564  # fraction of the bf16 peak flash attention's forward reaches
     fp8_gemm_efficiency: float = 1.0  # FP8 GEMMs' ceiling relative to the bf16 one (power, scaling)
-    launch_overhead_us: float = 16.738  # host time per kernel launch the GPU waits for (small kernels)
+    launch_overhead_us: float = 16.693  # host time per kernel launch the GPU waits for (small kernels)
 
 
 @dataclass

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, replace
 
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.axes import AXES, CANONICAL_ORDER
-from orchestrator.plan.kernels import coefficients, shape_of, stage_features
+from orchestrator.plan.kernels import coefficients, shape_of, stage_features, step_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import OP_SAC, ModelMath
@@ -519,6 +519,9 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         shape = shape_of(d, tr, hw, spec, coef)
         feats = [stage_features(st, mm, shape) for st in stages]
         kernel_s = [coef.seconds(f) + _scores_s(tt, st, mm, tr, hw, d) for f, st, tt in zip(feats, stages, traffic)]
+        # the optimizer and the weights' copies, once a step (kernels.step_features; a CPU's are the probe's)
+        once = [0.0 if hw.device.value == "cpu" else coef.seconds(step_features(st, d, stack, shape.hbm))
+                for st in stages]
 
         def priced(share: float):
             """The step with each rank's work (kernels and host calls) taking `share` times as long."""
@@ -526,7 +529,7 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
             achieved = [k * share + h.compute_mb for k, h in zip(kernel_s, host)]
             ach = run(achieved, [(tp + h.tp_mb, cp + h.cp_mb, ep) for (tp, cp, ep), h in zip(comm, host)])
             hj = host[ach.stage]
-            wall = {"compute": m * ach.comp + hj.optimizer_step, "tp": m * ach.tp, "cp": m * ach.cp,
+            wall = {"compute": m * ach.comp + hj.optimizer_step + once[ach.stage], "tp": m * ach.tp, "cp": m * ach.cp,
                     "ep": m * ach.ep, "pp_bubble": ach.bubble, "p2p": p2p + hj.pp_step,
                     "dp_exposed": ach.dp + hj.dp_step}
             return ach, hj, host, wall

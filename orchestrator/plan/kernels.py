@@ -410,6 +410,44 @@ def low_precision_peak(hw, precision: str) -> float:
     return fp4_peak(hw) if fmt is not None and fmt.peak == "fp4" else fp8_peak(hw)
 
 
+# Once per step, per GPU, memory-bound (bytes per parameter; fp32 optimizer state and gradients)
+ADAMW_BYTES = 28.0  # AdamW reads the parameter, its gradient and both moments and writes all but the gradient
+CLIP_BYTES = 12.0  # the gradient-norm clip reads every gradient for the norm, then scales it (read, write)
+MASTER_COPY_BYTES = 6.0  # the fp32 master read, the bf16 weight written (no FSDP2: stack.gather_copy_out)
+
+
+def step_features(st, d, stack, hbm: float) -> Features:
+    """Memory-bound work once per step on one GPU of stage `st` (hbm: bytes/s), outside the
+    micro-batches: the optimizer over this GPU's shard of the state (AdamW, the gradient-norm
+    clip; torch.optim's foreach AdamW and clip_grad_norm_, Megatron's fused Adam and
+    clip_grad_norm_fp32 read and write the same tensors), then what the weights' layout costs:
+    - flat buffers (Megatron-Core's DDP and distributed optimizer): the gradient buffer zeroed for
+      the next step and the bf16 weights refreshed from the fp32 master shard;
+    - FSDP2 (stack.gather_copy_out): each weight all-gather copied out of its flat buffer into
+      the parameters (bf16 read and written), per micro-batch forward and backward under ZeRO-3,
+      once a step where the weights stay gathered (pipelining); each gradient reduce-scatter's
+      input copied in from the bf16 gradients at the reduce dtype, every backward under ZeRO-3
+      (FSDP2 reduce-scatters each backward unless told not to), the last one's under pipelining
+      (torch.distributed.pipelining turns gradient sync off for the others).
+    Not on a CPU, whose per-call host time the probe measures (plan/overheads.py)."""
+    dense = (st.params - st.expert_params) / max(d.tp, 1)
+    expert = st.expert_params / max(d.etp * d.ep, 1)
+    local = dense + expert
+    shard = (dense / max(d.dp_shard * d.cp, 1) + expert / max(d.edp, 1)) if d.zero >= 1 else local
+    grad = float(getattr(stack, "grad_bytes", 2.0) or 2.0)
+    reduce_b = float(getattr(stack, "grad_reduce_bytes", None) or grad)
+    nbytes = shard * (ADAMW_BYTES + CLIP_BYTES)
+    if getattr(stack, "gather_copy_out", False):
+        m = max(d.microbatches, 1)
+        zero3 = d.zero == 3 and d.dp_shard * d.cp > 1
+        gathers, reduces = (2 * m, m) if zero3 else (1, 1)
+        if d.dp_shard * d.cp > 1:
+            nbytes += local * (4.0 * gathers + (2.0 + reduce_b) * reduces)
+    else:
+        nbytes += local * grad + shard * MASTER_COPY_BYTES
+    return Features(elem=nbytes / hbm)
+
+
 def stage_features(st, mm: ModelMath, s: Shape) -> Features:
     """Every layer of one pipeline rank (all its model chunks), plus the output layer."""
     frac = getattr(st, "recompute_frac", 1.0)
