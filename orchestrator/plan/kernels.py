@@ -26,6 +26,12 @@ every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
                                                                       per local expert its GEMMs
                                                                       (and FP8 casts)
 
+Once a step, outside the micro-batches (step_features): the optimizer over the GPU's shard of its
+state (AdamW and the gradient-norm clip, 40 bytes per parameter) and what the stack's weight layout
+moves: Megatron's flat buffers zero the gradients and refresh the bf16 weights from the fp32 master;
+FSDP2 copies each weight all-gather out of its flat buffer and each reduce-scatter's gradients in
+(stack.gather_copy_out), all at the memory-bound weight `elementwise`.
+
 A GEMM is compute-bound when its intensity MNK / (MK + KN + MN) exceeds the GPU's
 FLOP-per-byte balance (about 300 for an H100 in bf16, twice that in FP8): wide GEMMs (large
 hidden / TP, many tokens) run at the ceiling, narrow ones (an expert that receives a
