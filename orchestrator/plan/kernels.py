@@ -416,16 +416,24 @@ def low_precision_peak(hw, precision: str) -> float:
     return fp4_peak(hw) if fmt is not None and fmt.peak == "fp4" else fp8_peak(hw)
 
 
-# Once per step, per GPU, memory-bound (bytes per parameter; fp32 optimizer state and gradients)
-ADAMW_BYTES = 28.0  # AdamW reads the parameter, its gradient and both moments and writes all but the gradient
-CLIP_BYTES = 12.0  # the gradient-norm clip reads every gradient for the norm, then scales it (read, write)
+# Once per step, per GPU, memory-bound (bytes per parameter; fp32 optimizer state and gradients).
+# AdamW in one fused pass (torch's _fused_adamw_, Megatron's fused Adam): reads the parameter, its
+# gradient and both moments, writes all but the gradient (the CUDA kernel stores the gradient back
+# only under a grad scaler: aten/src/ATen/native/cuda/fused_adam_utils.cuh, `i != kGradIdx ||
+# grad_scale_ptr`). torch's foreach AdamW instead makes eight passes, 20 accesses an element
+# (torch/optim/adam.py _multi_tensor_adam), which no stack here runs: torchtitan's default
+# implementation is "fused", this runtime asks for it on a GPU. tests/test_step_bytes.py counts both.
+ADAMW_BYTES = 28.0
+# foreach clip_grad_norm_: _foreach_norm reads every gradient, _foreach_mul_ scales it (read, write)
+# (torch/nn/utils/clip_grad.py _get_total_norm, _clip_grads_with_norm_)
+CLIP_BYTES = 12.0
 MASTER_COPY_BYTES = 6.0  # the fp32 master read, the bf16 weight written (no FSDP2: stack.gather_copy_out)
 
 
 def step_features(st, d, stack, hbm: float) -> Features:
     """Memory-bound work once per step on one GPU of stage `st` (hbm: bytes/s), outside the
-    micro-batches: the optimizer over this GPU's shard of the state (AdamW, the gradient-norm
-    clip; torch.optim's foreach AdamW and clip_grad_norm_, Megatron's fused Adam and
+    micro-batches: the optimizer over this GPU's shard of the state (AdamW in one fused pass, the
+    gradient-norm clip: torch's fused AdamW and foreach clip_grad_norm_, Megatron's fused Adam and
     clip_grad_norm_fp32 read and write the same tensors), then what the weights' layout costs:
     - flat buffers (Megatron-Core's DDP and distributed optimizer): the gradient buffer zeroed for
       the next step and the bf16 weights refreshed from the fp32 master shard;

@@ -125,8 +125,11 @@ class Trainer:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         self.parts = build_model_parts(self.plan, self.spec.model, self.meshes, self.coords, tr.seed, self.device,
                                        mp, recompute=tr.recompute.value, recompute_layers=tr.recompute_layers)
+        # One fused pass on a GPU, as torchtitan's default (implementation="fused") and the plan's
+        # ADAMW_BYTES: torch's default there is foreach, eight passes (plan/kernels.py)
+        fused = {"fused": True} if self.device.type == "cuda" else {}
         self.opts = [torch.optim.AdamW(part.parameters(), lr=tr.lr, betas=(0.9, 0.95), eps=tr.adam_eps,
-                                       weight_decay=0.0) for _, part in self.parts]
+                                       weight_decay=0.0, **fused) for _, part in self.parts]
         ids = [i for i, _ in self.parts]
         self.has_first, self.has_last = 0 in ids, self.lay["num_stages"] - 1 in ids
         self.data = TokenSource(self.spec.model.vocab, tr.seq_len, tr.seed, tr.data)
