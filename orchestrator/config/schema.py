@@ -314,6 +314,9 @@ class StackConfig:
     # bf16 copy of the weights refreshed from the optimizer's fp32 master once a step (Megatron's
     # DDP and distributed optimizer). plan/kernels.step_features.
     gather_copy_out: bool = False
+    # The optimizer step first clips the gradients' global norm (Megatron: --clip-grad 1.0; torchtitan:
+    # max_norm 1.0): a read of every gradient and a scale (plan/kernels.CLIP_BYTES). This runtime does not.
+    grad_clip: bool = True
 
 
 @dataclass

@@ -433,7 +433,7 @@ MASTER_COPY_BYTES = 6.0  # the fp32 master read, the bf16 weight written (no FSD
 def step_features(st, d, stack, hbm: float) -> Features:
     """Memory-bound work once per step on one GPU of stage `st` (hbm: bytes/s), outside the
     micro-batches: the optimizer over this GPU's shard of the state (AdamW in one fused pass, the
-    gradient-norm clip: torch's fused AdamW and foreach clip_grad_norm_, Megatron's fused Adam and
+    gradient-norm clip where the stack clips, stack.grad_clip: torch's fused AdamW and foreach clip_grad_norm_, Megatron's fused Adam and
     clip_grad_norm_fp32 read and write the same tensors), then what the weights' layout costs:
     - flat buffers (Megatron-Core's DDP and distributed optimizer): the gradient buffer zeroed for
       the next step and the bf16 weights refreshed from the fp32 master shard;
@@ -450,7 +450,7 @@ def step_features(st, d, stack, hbm: float) -> Features:
     shard = (dense / max(d.dp_shard * d.cp, 1) + expert / max(d.edp, 1)) if d.zero >= 1 else local
     grad = float(getattr(stack, "grad_bytes", 2.0) or 2.0)
     reduce_b = float(getattr(stack, "grad_reduce_bytes", None) or grad)
-    nbytes = shard * (ADAMW_BYTES + CLIP_BYTES)
+    nbytes = shard * (ADAMW_BYTES + (CLIP_BYTES if getattr(stack, "grad_clip", True) else 0.0))
     if getattr(stack, "gather_copy_out", False):
         m = max(d.microbatches, 1)
         zero3 = d.zero == 3 and d.dp_shard * d.cp > 1
