@@ -302,8 +302,9 @@ class StackConfig:
     # scatters along dim 0, so torch's functional collectives gather or reduce-scatter a [b, s, h]
     # activation on its sequence dim with one copy of the whole activation each (all_gather_single:
     # _maybe_view_chunk_cat, none when the micro-batch is one sequence; reduce_scatter_single:
-    # _chunk_or_narrow_cat; plan/kernels.sp_copies); Megatron's [s, b, h] needs none. Not with async TP (stack.tp_overlap > 0 on a
-    # torch stack): its fused all-gather-matmul moves the shard, not the whole activation.
+    # _chunk_or_narrow_cat; plan/kernels.sp_copies); Megatron's [s, b, h] needs none. Not with async
+    # TP (stack.tp_overlap > 0 on a torch stack): its fused all-gather-matmul moves the shard, not
+    # the whole activation.
     activation_layout: ActivationLayout = ActivationLayout.sbh
     # Per-parameter sharding (FSDP2): each weight all-gather lands in one flat buffer and is copied
     # out into the parameters (foreach_all_gather_copy_out: split_with_sizes_copy), and each

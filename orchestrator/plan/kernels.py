@@ -432,9 +432,10 @@ MASTER_COPY_BYTES = 6.0  # the fp32 master read, the bf16 weight written (no FSD
 
 def step_features(st, d, stack, hbm: float) -> Features:
     """Memory-bound work once per step on one GPU of stage `st` (hbm: bytes/s), outside the
-    micro-batches: the optimizer over this GPU's shard of the state (AdamW in one fused pass, the
-    gradient-norm clip where the stack clips, stack.grad_clip: torch's fused AdamW and foreach clip_grad_norm_, Megatron's fused Adam and
-    clip_grad_norm_fp32 read and write the same tensors), then what the weights' layout costs:
+    micro-batches: the optimizer over this GPU's shard of the state (AdamW in one fused pass, and
+    the gradient-norm clip where the stack clips, stack.grad_clip: torch's fused AdamW and foreach
+    clip_grad_norm_, Megatron's fused Adam and clip_grad_norm_fp32 read and write the same
+    tensors), then what the weights' layout costs:
     - flat buffers (Megatron-Core's DDP and distributed optimizer): the gradient buffer zeroed for
       the next step and the bf16 weights refreshed from the fp32 master shard;
     - FSDP2 (stack.gather_copy_out): each weight all-gather copied out of its flat buffer into
