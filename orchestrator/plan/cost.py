@@ -522,6 +522,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         # the optimizer and the weights' copies, once a step (kernels.step_features; a CPU's are the probe's)
         once = [0.0 if hw.device.value == "cpu" else coef.seconds(step_features(st, d, stack, shape.hbm))
                 for st in stages]
+        if bidirectional and len(once) > 1:  # DualPipe's rank r also holds stage pp-1-r's weights and state
+            once = [once[r] + once[len(once) - 1 - r] for r in range(len(once))]
 
         def priced(share: float):
             """The step with each rank's work (kernels and host calls) taking `share` times as long."""
