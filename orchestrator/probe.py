@@ -161,7 +161,8 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
     back-to-back call's latency on a loaded host: (DTensor redistribute, the mean of a sequence-parallel all-gather
     Shard(1) -> Replicate and reduce-scatter Partial -> Shard(1), as TP's layers run them;
     one DTensor op's host time above the plain op's (a small matmul, printed beside the model's);
-    a plain c10d all-gather and all-reduce of a K/V-sized block (the pipeline's sends, the loss))."""
+    a plain c10d all-gather and all-reduce of a K/V-sized block (the loss parallel's calls, CP's where
+    its own is not measured))."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -318,7 +319,7 @@ DERIVED_FROM = {
     "fsdp_reduce_us": ("model_ms.fsdp_synced", "model_ms.fsdp_gathers"),
     "optimizer_us": ("model_ms.adam",),
     "dtensor_optimizer_us": ("model_ms.adam_tp", "model_ms.adam"),
-    "pp_microbatch_us": ("model_ms.pipelined_step", "model_ms.slowest_stage", "c10d_call_us"),
+    "pp_microbatch_us": ("model_ms.pipelined_step", "model_ms.slowest_stage", "latency_us", "bus_gbps"),
 }
 
 
@@ -339,8 +340,19 @@ def _tiny_counts() -> tuple[float, int, int, int]:
     return kernels, n, 8 * n + 2 * (st.embeds + st.outputs), parameter_tensors(st, shaped.mm)
 
 
-def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: float, cp_mb: float, gathers: float,
-             synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float) -> tuple[dict, list]:
+@lru_cache(maxsize=1)
+def _tiny_send_bytes() -> float:
+    """Bytes of one pipeline send of the tiny model over two stages, as the cost model counts them."""
+    from orchestrator.plan.plan import shape_plan
+
+    shaped = shape_plan(tiny_spec("cluster.nodes=1", f"hardware.gpus_per_node={PAIR}", f"layout.pp={PAIR}"))
+    pp = shaped.axes["pp"]
+    return pp.bytes_per_microbatch / (2 * shaped.layout.chunks)
+
+
+def _derived(tp_call: float, c10d: float, send: float, whole: float, short: float, tp_mb: float, cp_mb: float,
+             gathers: float, synced: float, opt_plain: float, opt_tp: float, pipe: float, stage: float
+             ) -> tuple[dict, list]:
     """The per-op and per-call costs the model's measurements leave once the calls the cost model
     counts for it (plan/overheads.py, plan/kernels.py) are taken out (arguments in seconds, the
     results in microseconds, as the preset holds them), and the terms whose measured difference
@@ -355,11 +367,11 @@ def _derived(tp_call: float, c10d: float, whole: float, short: float, tp_mb: flo
         # FSDP2's units: every block and the root (overheads.host_calls)
         "fsdp_gather_us": (gathers - whole, n + 1), "fsdp_reduce_us": (synced - gathers, n + 1),
         "optimizer_us": (opt_plain, params), "dtensor_optimizer_us": (opt_tp - opt_plain, params),
-        # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace, a
-        # send and a receive per micro-batch and direction (plan/overheads.py); the rest is the
-        # schedule's and PipelineStage's own host time per micro-batch
-        "pp_microbatch_us": (pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * PIPE_MICROBATCHES * c10d,
-                             PIPE_MICROBATCHES)}
+        # 1F1B over two stages: M micro-batches and one of bubble at the slowest stage's pace, and
+        # the two sends on the critical path of fill and drain at the wire's latency and bytes
+        # (plan/cost.py p2p: 2 (pp x chunks - 1) sends); the rest is the schedule's and
+        # PipelineStage's own host time per micro-batch, its batched sends and receives included
+        "pp_microbatch_us": (pipe - (PIPE_MICROBATCHES + 1) * stage - 2 * send, PIPE_MICROBATCHES)}
     floored = sorted(k for k, (d, _) in raw.items() if d < 0)
     return {k: max(d, 0.0) / per * 1e6 for k, (d, per) in raw.items()}, floored
 
@@ -394,7 +406,8 @@ def derive(measured: dict) -> dict:
     derived terms whose measured difference was below zero, set to zero)."""
     out = dict(measured)
     g = dict(measured["gloo"])
-    model, floored = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6,
+    send = g["latency_us"] * 1e-6 + _tiny_send_bytes() / (g["bus_gbps"] * 1e9)  # one pipeline send of the pair
+    model, floored = _derived(g["tp_call_us"] * 1e-6, g["c10d_call_us"] * 1e-6, send,
                               *(g["model_ms"][k] * 1e-3 for k in MODEL_TIMES))
     g.update(model)
     out["gloo"] = g

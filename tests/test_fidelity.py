@@ -567,8 +567,8 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
 def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():
     """derive(): the runtime's model's measured times, less what the cost model already counts for
     them (plan/overheads.py: 8 redistributes a layer and 2 each for embedding and head, 4 loss
-    calls; 4 CP calls a layer; 5 FSDP2 units; 1F1B's micro-batches plus one of bubble and two
-    sends each), per op, call, unit, tensor or micro-batch; never below zero."""
+    calls; 4 CP calls a layer; 5 FSDP2 units; 1F1B's micro-batches plus one of bubble and the two
+    sends of fill and drain on the wire), per op, call, unit, tensor or micro-batch; never below zero."""
     from orchestrator.config.compose import compose, typed
     from orchestrator.plan.kernels import shape_of, stage_features
     from orchestrator.plan.plan import shape_plan
@@ -591,7 +591,10 @@ def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():
     assert g["fsdp_reduce_us"] == pytest.approx((80e3 - 60e3) / 5)
     assert g["optimizer_us"] == pytest.approx(1e3 / 39) and g["dtensor_optimizer_us"] == pytest.approx(39e3 / 39)
     m = PIPE_MICROBATCHES
-    assert g["pp_microbatch_us"] == pytest.approx((150e3 - (m + 1) * 5e3 - 2 * m * 500) / m)
+    two = shape_plan(typed(compose(["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2",
+                                    "layout.pp=2"])))
+    send_us = 150.0 + two.axes["pp"].bytes_per_microbatch / 2 / 0.8e9 * 1e6  # the pair's latency and bandwidth
+    assert g["pp_microbatch_us"] == pytest.approx((150e3 - (m + 1) * 5e3 - 2 * send_us) / m)
     assert derive(raw)["host_cores"] == 1.6  # 2 ranks x 10 ms alone / 12.5 ms together
     assert derive(raw)["floored"] == []
     ms.update(tp=5.0, cp=1.0)  # noise below the plain model's time: zero, not negative, and named

@@ -24,9 +24,11 @@ the calls, ops and parameter tensors from the layout and the stage, torch-free:
   and, resharded after forward (ZeRO-3 at pp = 1), again for backward, per micro-batch
   (`fsdp_gather_us`, the probe's: the runtime's own blocks, both gathers); its reduce-scatter once
   per step (`fsdp_reduce_us`). Under pipelining the weights stay gathered: one gather per step.
-- PP: a send or receive per micro-batch per direction and chunk (c10d calls); and per micro-batch
-  and chunk the schedule's and PipelineStage's own host time around the stage's forward and
-  backward (`pp_microbatch_us`, in the stage's compute, so the bubble pays it too).
+- PP: per micro-batch and chunk the schedule's and PipelineStage's own host time around the
+  stage's forward and backward, its sends and receives included (torch's schedules post them as
+  batched point-to-point ops beside the stage's work, not as collectives between pieces of work):
+  `pp_microbatch_us`, in the stage's compute, so the bubble pays it too. The sends on the critical
+  path of fill and drain pay the wire's latency and bytes (plan/cost.py p2p).
 - The optimizer: AdamW steps each parameter tensor of the stage once per step (`optimizer_us`),
   and a DTensor parameter (TP's shards, FSDP2's) costs `dtensor_optimizer_us` more: its update
   runs through DTensor's dispatch op by op. Counted in the step's compute, as the profile does.
@@ -76,7 +78,7 @@ def paid_terms(d) -> set[str]:
     return ({"optimizer_us"} | ({"tp_call_us", "dtensor_op_us", "c10d_call_us"} if d.tp > 1 else set())
             | ({"cp_call_us"} if d.cp > 1 else set()) | ({"fsdp_gather_us", "fsdp_reduce_us"} if fsdp else set())
             | ({"dtensor_optimizer_us"} if d.tp > 1 or fsdp else set())
-            | ({"pp_microbatch_us", "c10d_call_us"} if d.pp > 1 else set()))
+            | ({"pp_microbatch_us"} if d.pp > 1 else set()))
 
 
 def host_calls(st, d, kernels_mb: float, hw, share: float, mm) -> HostCalls:
@@ -109,8 +111,7 @@ def host_calls(st, d, kernels_mb: float, hw, share: float, mm) -> HostCalls:
         else:
             dp = units * (0.5 * gather + reduce)
             counts.append(("dp", units * 2))
-    if d.pp > 1:
-        pp = 2 * m * d.chunks * c10d
+    if d.pp > 1:  # the sends' host time is the schedule's (pp_microbatch_us)
         ops += d.chunks * schedule
         counts.append(("pp", 2 * m * d.chunks))
     opt = 0.0
