@@ -216,7 +216,7 @@ def model_calls(world: int, rank: int) -> tuple[float, ...]:
     from torch.distributed.tensor.parallel import loss_parallel
 
     from orchestrator.train.model import Transformer, cp_shard
-    from orchestrator.train.parallel import apply_cp, apply_fsdp, apply_tp
+    from orchestrator.train.parallel import apply_cp, apply_tp
     from orchestrator.train.trainer import _scalar, loss_fn
 
     spec = tiny_spec()
@@ -251,13 +251,82 @@ def model_calls(world: int, rank: int) -> tuple[float, ...]:
     cp = Transformer(cfg)
     apply_cp(cp, pair, PAIR, pair_rank)
     cp_mb = timed(cp, cp_inp, cp_lab)
+    gathers, synced = _fsdp_times(cfg, mesh, inp, lab, timed)
+    return whole, short, tp_mb, cp_mb, gathers, synced, opt_plain, opt_tp
+
+
+def _fsdp_times(cfg, mesh, inp, lab, timed) -> tuple[float, float]:
+    """One micro-batch of the runtime's model sharded by FSDP2 over `mesh` (apply_fsdp: each block
+    and the root, resharded after forward), gradient sync off (as the trainer accumulates: the
+    gathers only), then on (the last micro-batch: and the reduce-scatter)."""
+    from orchestrator.train.model import Transformer
+    from orchestrator.train.parallel import apply_fsdp
+
     fsdp = Transformer(cfg)
     apply_fsdp(fsdp, mesh, reshard_after_forward=True, mp=None)
-    fsdp.set_requires_gradient_sync(False)  # as the trainer accumulates: gathers only
+    fsdp.set_requires_gradient_sync(False)
     gathers = timed(fsdp, inp, lab)
-    fsdp.set_requires_gradient_sync(True)  # the last micro-batch: and the reduce-scatter
+    fsdp.set_requires_gradient_sync(True)
     synced = timed(fsdp, inp, lab)
-    return whole, short, tp_mb, cp_mb, gathers, synced, opt_plain, opt_tp
+    return gathers, synced
+
+
+FSDP_GROUP = 4  # the wider FSDP2 group the probe times when it runs as many processes (--ranks 4 or more)
+
+
+def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
+    """FSDP2 over all `world` processes (a group wider than a pair): the plain model and the
+    sharded one, timed in every rank at once, as model_calls times them over a pair."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from orchestrator.train.model import Transformer
+    from orchestrator.train.trainer import _scalar, loss_fn
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    spec = tiny_spec()
+    torch.manual_seed(0)
+    tokens = torch.randint(0, spec.model.vocab, (1, spec.training.seq_len + 1))
+    inp, lab = tokens[:, :-1], tokens[:, 1:]
+
+    def timed(model, x, y) -> float:
+        def step():
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            _scalar(loss)
+        step()
+        return _best(step, repeat=5, number=3)
+
+    plain = timed(Transformer(spec.model), inp, lab)
+    gathers, synced = _fsdp_times(spec.model, mesh, inp, lab, timed)
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(f"{plain} {gathers} {synced}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fsdp_group(world: int = FSDP_GROUP) -> dict:
+    """FSDP2 over `world` processes at once (milliseconds), and the cores' worth they get (`work_s`:
+    the same slice of work in `world` processes at once, to put the figures per uncontended core)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fsdp.txt")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        mp.spawn(_fsdp_worker, args=(world, port, out), nprocs=world, join=True)
+        plain, gathers, synced = (float(x) for x in open(out).read().split())
+    return {"group": world, "plain_ms": plain * 1e3, "gathers_ms": gathers * 1e3, "synced_ms": synced * 1e3,
+            "work_s": _slowest(world)}
 
 
 PIPE_MICROBATCHES = 8
@@ -320,6 +389,10 @@ DERIVED_FROM = {
     "optimizer_us": ("model_ms.adam",),
     "dtensor_optimizer_us": ("model_ms.adam_tp", "model_ms.adam"),
     "pp_microbatch_us": ("model_ms.pipelined_step", "model_ms.slowest_stage", "latency_us", "bus_gbps"),
+    "fsdp_gather_step_us": ("fsdp_group.gathers_ms", "fsdp_group.plain_ms", "fsdp_group.work_s",
+                            "model_ms.fsdp_gathers", "model_ms.plain"),
+    "fsdp_reduce_step_us": ("fsdp_group.synced_ms", "fsdp_group.gathers_ms", "fsdp_group.work_s",
+                            "model_ms.fsdp_synced", "model_ms.fsdp_gathers"),
 }
 
 
@@ -420,7 +493,36 @@ def derive(measured: dict) -> dict:
     # the pair's own share, to take out of the figures timed in it (site_preset)
     out["pair_cores"] = cores_worth(g["ranks"], measured["work_s"], measured.get("work_pair_s",
                                     measured["work_together_s"]), measured["cores_allowed"])
+    wide = g.get("fsdp_group")
+    if wide:  # FSDP2 over a wider group: what each rank more in the group adds per unit and call
+        steps, low = _fsdp_steps(g, wide, measured, out["pair_cores"])
+        g.update(steps)
+        out["floored"] = sorted(set(out["floored"]) | set(low))
+    else:  # not measured: the keys stay out of the preset, and a wider group out of the predictions
+        out["terms"] = {k: v for k, v in out["terms"].items() if k not in FSDP_STEP_KEYS}
     return out
+
+
+FSDP_STEP_KEYS = ("fsdp_gather_step_us", "fsdp_reduce_step_us")
+
+
+def _fsdp_steps(g: dict, wide: dict, measured: dict, pair_cores: float) -> tuple[dict, list]:
+    """Per FSDP2 unit and call, what each rank beyond a pair adds (microseconds, in the pair's
+    terms, as site_preset holds the calls): the wider group's gathers (and reduce-scatter) above
+    its plain model, per uncontended core (its processes share the cores: cores_worth), less the
+    pair's, over the ranks it adds (a ring's steps grow with the group: n - 1)."""
+    units = _tiny_counts()[1] + 1  # every block and the root (overheads.host_calls)
+    n = wide["group"]
+    wide_share = max(1.0, n / max(cores_worth(n, measured["work_s"], wide["work_s"], measured["cores_allowed"]),
+                                  1e-9))
+    pair_share = max(1.0, g["ranks"] / pair_cores) if pair_cores else 1.0
+    ms = g["model_ms"]
+    raw = {"fsdp_gather_step_us": ((wide["gathers_ms"] - wide["plain_ms"]) / wide_share,
+                                   (ms["fsdp_gathers"] - ms["plain"]) / pair_share),
+           "fsdp_reduce_step_us": ((wide["synced_ms"] - wide["gathers_ms"]) / wide_share,
+                                   (ms["fsdp_synced"] - ms["fsdp_gathers"]) / pair_share)}
+    steps = {k: (w - p) * pair_share / units / (n - PAIR) * 1e3 for k, (w, p) in raw.items()}
+    return {k: max(v, 0.0) for k, v in steps.items()}, sorted(k for k, v in steps.items() if v < 0)
 
 
 def cores_worth(ranks: int, alone_s: float, together_s: float, allowed: int) -> float:
@@ -477,6 +579,8 @@ def probe(ranks: int = 2) -> dict:
     out = local_components()
     out["ranks"] = ranks
     out["gloo"] = collectives(PAIR)
+    if ranks >= FSDP_GROUP:  # FSDP2 over a wider group, as a run of that many processes shards
+        out["gloo"]["fsdp_group"] = fsdp_group(FSDP_GROUP)
     # Twice more, seconds apart, the least disturbed kept: on a shared host the other load changes
     # from second to second, and a run's fastest steps see its quiet moments.
     for _ in range(2):
@@ -484,6 +588,8 @@ def probe(ranks: int = 2) -> dict:
         out["work_s"] = min(out["work_s"], _slowest(1))
         out["work_together_s"] = min(out.get("work_together_s", float("inf")), _slowest(ranks))
         out["work_pair_s"] = min(out.get("work_pair_s", float("inf")), _slowest(PAIR))
+        if "fsdp_group" in out["gloo"]:
+            out["gloo"]["fsdp_group"]["work_s"] = min(out["gloo"]["fsdp_group"]["work_s"], _slowest(FSDP_GROUP))
         time.sleep(1.0)
     out["cores_allowed"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return out
@@ -524,5 +630,8 @@ def site_preset(measured: dict, base: dict) -> dict:
               inter_node_latency_us=round(g["latency_us"], 2), kernel_model="shape",
               launch_overhead_us=round(measured["layer_op_us"], 3),
               host_cores=float(measured["host_cores"]),
-              **{k: round(g[k] / shared, 2) for k in CALL_KEYS})
+              **{k: round(g[k] / shared, 2) for k in CALL_KEYS if k in g or k not in FSDP_STEP_KEYS})
+    for k in FSDP_STEP_KEYS:  # FSDP2 over a wider group, unless timed: not in the preset (a default is no figure)
+        if k not in g:
+            hw.pop(k, None)
     return hw

@@ -391,7 +391,8 @@ def test_a_probed_site_preset_prices_the_parts_it_measured(capsys):
 
 
 def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, monkeypatch):
-    """The real probe (2 gloo processes, about 20 s) runs end to end through the CLI, writes a
+    """The real probe (gloo processes in a pair, and four for FSDP2's wider group: --ranks 4, about 30 s)
+    runs end to end through the CLI, writes a
     preset and caches this machine's measurement: every key the probe fills is traced to the raw
     figures timed for it, each of those was really timed (a positive, finite time or rate: a
     measurement that did not run leaves none), and the preset holds the measured value, not a
@@ -409,7 +410,7 @@ def test_the_probe_measures_this_machine_and_its_preset_plans(tmp_path, capsys, 
 
     monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "site.yaml"
-    assert calibrate_main(["--probe", "--ranks", "2", "--repeat", "1", "--write", str(out)]) == 0
+    assert calibrate_main(["--probe", "--ranks", "4", "--repeat", "1", "--write", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "per DTensor op in the model" in printed and f"wrote {out}" in printed and str(cache_path()) in printed
     hw = OmegaConf.to_container(OmegaConf.load(out))
@@ -516,7 +517,9 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     probed = plan_of(*run)
     h = probed.spec.hardware
     assert (h.name, h.kernel_model.value) == ("cpu", "shape")
-    for key in MEASURED_KEYS:  # every measured key is the cache's, and marked as measured, not a default
+    # a probe of 2 processes times no FSDP2 group wider than its pair: those keys stay out of the preset
+    assert {k for k in MEASURED_KEYS if k not in hw} == {"fsdp_gather_step_us", "fsdp_reduce_step_us"}
+    for key in (k for k in MEASURED_KEYS if k in hw):  # every measured key is the cache's, marked as measured
         value = getattr(h, key)
         assert getattr(value, "value", value) == hw[key], key
         assert probed.prediction["terms"][key] == ("the probe's model" if key in ("gemm_efficiency", "kernel_model")
@@ -696,6 +699,48 @@ def test_deepspeed_zero3_gathers_each_submodule_and_pays_each_calls_latency():
     calls = per_module.axes["dp"].calls_per_step - per_layer.axes["dp"].calls_per_step
     assert 1e-3 < extra / calls < 20e-3  # milliseconds per call over 2,240 ranks: latency-bound
     assert per_module.step.wall_dp_exposed > 1.2 * per_layer.step.wall_dp_exposed
+
+
+def test_fsdp2_over_a_wider_group_is_timed_and_priced_per_rank_beyond_the_pair(tmp_path, monkeypatch):
+    """A probe of 4 or more processes also times FSDP2 over 4 (gathers, then the reduce-scatter, above
+    the plain model, per uncontended core): what each rank beyond the pair adds per unit and call
+    (fsdp_*_step_us). A plan prices FSDP2 over n ranks at the pair's cost plus n - 2 steps, calls a
+    group of up to 4 measured, and a wider one still not a prediction."""
+    import copy
+
+    from orchestrator.config.compose import compose, to_dict
+    from orchestrator.plan.machine import write_cache
+    from orchestrator.probe import cores_worth, derive, site_preset
+
+    raw = copy.deepcopy(PROBE_RAW)
+    raw.update(ranks=4, work_together_s=0.02)
+    raw["gloo"]["fsdp_group"] = {"group": 4, "plain_ms": 20.0, "gathers_ms": 140.0, "synced_ms": 190.0, "work_s": 0.02}
+    measured = derive(raw)
+    g = measured["gloo"]
+    pair = max(1.0, 2 / cores_worth(2, 0.01, 0.0125, 2))  # each figure per uncontended core, in the pair's terms
+    wide = max(1.0, 4 / cores_worth(4, 0.01, 0.02, 2))
+    units = 5  # tiny: 4 blocks and the root
+    assert g["fsdp_gather_step_us"] == pytest.approx(((140 - 20) / wide - (60 - 10) / pair) * pair / units / 2 * 1e3)
+    assert g["fsdp_reduce_step_us"] == pytest.approx(((190 - 140) / wide - (80 - 60) / pair) * pair / units / 2 * 1e3)
+    assert {"fsdp_gather_step_us", "fsdp_reduce_step_us"} <= set(measured["terms"])
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "unmeasured"))  # the keys as given
+    # n - 2 steps per unit and call: 2 at FSDP over 4, none over a pair
+    base = ["hardware=cpu", "hardware.kernel_model=shape", "hardware.host_cores=8", "model=tiny", "cluster.nodes=1",
+            "hardware.fsdp_gather_step_us=0", "hardware.fsdp_reduce_step_us=0"]
+    for n in (2, 4):
+        lay = [f"hardware.gpus_per_node={n}", f"layout.dp={n}"]
+        b = plan_of(*base, *lay)
+        p = plan_of(*base, *lay, "hardware.fsdp_gather_step_us=1000", "hardware.fsdp_reduce_step_us=500")
+        m = b.layout.microbatches
+        assert p.step.wall_dp_exposed - b.step.wall_dp_exposed == pytest.approx(units * (n - 2) * (m * 1e-3 + 0.5e-3))
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path / "probed"))
+    write_cache(site_preset(measured, to_dict(compose(["hardware=cpu"]))["hardware"]), measured)
+    tiny = ["hardware=cpu", "model=tiny", "cluster.nodes=1", "layout.tp=1"]
+    four = plan_of(*tiny, "hardware.gpus_per_node=4", "layout.dp=4")
+    assert four.prediction["is_prediction"], four.prediction["not_measured"]
+    eight = plan_of(*tiny, "hardware.gpus_per_node=8", "layout.dp=8")
+    assert any("FSDP2 over 8 ranks: the probe timed its calls over groups of up to 4" in w
+               for w in eight.prediction["not_measured"])
 
 
 def test_the_probed_call_costs_price_the_calls_this_runtime_issues():

@@ -162,6 +162,10 @@ class HardwareConfig:
     optimizer_us: float = 0.0
     dtensor_optimizer_us: float = 0.0
     pp_microbatch_us: float = 0.0
+    # per FSDP2 unit and call, what each rank of the group beyond a pair adds to fsdp_gather_us and
+    # fsdp_reduce_us (a ring's steps grow with the group; the probe times a group of 4 with --ranks 4+)
+    fsdp_gather_step_us: float = 0.0
+    fsdp_reduce_step_us: float = 0.0
     # FlashAttention-2's speed on this GPU relative to the fused attention kernels the fitted
     # cost.attention_efficiency describes (cuDNN / FlashAttention-3 on Hopper), for stacks that
     # run FA2 (stack.attention_kernel=flash2). 1 where FA2 is that kernel (Ampere).

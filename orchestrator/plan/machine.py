@@ -15,7 +15,7 @@ from functools import lru_cache
 
 # the per-call host costs the probe measures (hardware.*_us; plan/overheads.py counts the calls)
 CALL_KEYS = ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us", "fsdp_reduce_us", "cp_call_us",
-             "optimizer_us", "dtensor_optimizer_us", "pp_microbatch_us")
+             "optimizer_us", "dtensor_optimizer_us", "pp_microbatch_us", "fsdp_gather_step_us", "fsdp_reduce_step_us")
 
 CACHE_ENV = "ORCHESTRATOR_CACHE_DIR"  # default: $XDG_CACHE_HOME/orchestrator, else ~/.cache/orchestrator
 PROBE_HOW = "orchestrate-calibrate --probe"
@@ -114,7 +114,8 @@ def stock_cpu() -> dict:
 
 
 # The probe times every collective call over groups of this many ranks (pairs; orchestrator/probe.py):
-# a TP, CP or FSDP2 group wider than this is priced at a pair's cost per call, not measured.
+# a TP, CP or FSDP2 group wider than this is priced at a pair's cost per call, not measured; FSDP2
+# also over a wider group where the probe ran as many processes (`fsdp_group`, --ranks 4 or more).
 PROBE_GROUP = 2
 
 
@@ -147,9 +148,14 @@ class Measurement:
                            f"the cores is assumed, not measured; `{PROBE_HOW} --ranks {min(world, 8)}` "
                            f"measures {min(world, 8)}")
             fsdp = layout.dp_shard * layout.cp
-            for name, size in (("TP", layout.tp), ("CP", layout.cp), ("FSDP2", fsdp if fsdp > 1 else 1)):
-                if size > group:
-                    why.append(f"{name} over {size} ranks: the probe timed its calls over groups of {group}")
+            wide = int((raw.get("gloo", {}).get("fsdp_group") or {}).get("group") or group)
+            for name, size, most in (("TP", layout.tp, group), ("CP", layout.cp, group),
+                                     ("FSDP2", fsdp if fsdp > 1 else 1, wide)):
+                if size > most:
+                    why.append(f"{name} over {size} ranks: the probe timed its calls over groups of "
+                               f"{'up to ' if most > group else ''}{most}"
+                               + (f" (`{PROBE_HOW} --ranks 4` times FSDP2 over 4)" if name == "FSDP2" and most < 4
+                                  and size <= 4 else ""))
             if layout.dp_replicate > 1:
                 why.append(f"{layout.dp_replicate} copies of the model state, which commit each step across "
                            f"copies (an all-reduce of the gradient shards, a round trip to the coordinator): "

@@ -24,6 +24,8 @@ the calls, ops and parameter tensors from the layout and the stage, torch-free:
   and, resharded after forward (ZeRO-3 at pp = 1), again for backward, per micro-batch
   (`fsdp_gather_us`, the probe's: the runtime's own blocks, both gathers); its reduce-scatter once
   per step (`fsdp_reduce_us`). Under pipelining the weights stay gathered: one gather per step.
+  Timed over a pair; each rank of a wider group adds `fsdp_gather_step_us` and
+  `fsdp_reduce_step_us` per call (the probe's group of 4 against its pair).
 - PP: per micro-batch and chunk the schedule's and PipelineStage's own host time around the
   stage's forward and backward, its sends and receives included (torch's schedules post them as
   batched point-to-point ops beside the stage's work, not as collectives between pieces of work):
@@ -77,6 +79,7 @@ def paid_terms(d) -> set[str]:
     fsdp = d.dp_shard * d.cp > 1
     return ({"optimizer_us"} | ({"tp_call_us", "dtensor_op_us", "c10d_call_us"} if d.tp > 1 else set())
             | ({"cp_call_us"} if d.cp > 1 else set()) | ({"fsdp_gather_us", "fsdp_reduce_us"} if fsdp else set())
+            | ({"fsdp_gather_step_us", "fsdp_reduce_step_us"} if d.dp_shard * d.cp > 2 else set())
             | ({"dtensor_optimizer_us"} if d.tp > 1 or fsdp else set())
             | ({"pp_microbatch_us"} if d.pp > 1 else set()))
 
@@ -84,7 +87,9 @@ def paid_terms(d) -> set[str]:
 def host_calls(st, d, kernels_mb: float, hw, share: float, mm) -> HostCalls:
     """`kernels_mb`: the kernels the shape model counts for one micro-batch of the stage."""
     tp_call, op, c10d = _us(hw, "tp_call_us"), _us(hw, "dtensor_op_us"), _us(hw, "c10d_call_us")
-    gather, reduce = _us(hw, "fsdp_gather_us"), _us(hw, "fsdp_reduce_us")
+    wider = max(d.dp_shard * d.cp - 2, 0)  # FSDP2's ranks beyond a pair: each adds its step per call
+    gather = _us(hw, "fsdp_gather_us") + wider * _us(hw, "fsdp_gather_step_us")
+    reduce = _us(hw, "fsdp_reduce_us") + wider * _us(hw, "fsdp_reduce_step_us")
     cp_call = _us(hw, "cp_call_us") or c10d
     adam, adam_dt = _us(hw, "optimizer_us"), _us(hw, "dtensor_optimizer_us")
     schedule = _us(hw, "pp_microbatch_us")

@@ -69,7 +69,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "hardware.host_cores": (0.0, 1e5), "hardware.launch_overhead_us": (0.0, 1e5),
     **{f"hardware.{k}": (0.0, 1e7) for k in ("tp_call_us", "dtensor_op_us", "c10d_call_us", "fsdp_gather_us",
                                               "fsdp_reduce_us", "cp_call_us", "optimizer_us",
-                                              "dtensor_optimizer_us", "pp_microbatch_us")},
+                                              "dtensor_optimizer_us", "pp_microbatch_us", "fsdp_gather_step_us",
+                                              "fsdp_reduce_step_us")},
 }
 
 
