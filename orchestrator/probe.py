@@ -201,6 +201,22 @@ def runtime_calls(world: int) -> tuple[float, float, float]:
     return max((ag + rs) / 2, 0.0), max(op, 0.0), max(c10d, 0.0)
 
 
+def _timed_step(model, x, y, ctx=None) -> float:
+    """Seconds of one micro-batch of `model` as the trainer runs it (forward, loss_fn, backward,
+    the loss read), under `ctx` (a context manager factory: loss_parallel), after a warm-up."""
+    import contextlib
+
+    from orchestrator.train.trainer import _scalar, loss_fn
+
+    def step():
+        with (ctx or contextlib.nullcontext)():
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            _scalar(loss)
+    step()
+    return _best(step, repeat=5, number=3)
+
+
 def model_calls(world: int, rank: int) -> tuple[float, ...]:
     """Seconds of one micro-batch of the runtime's own model (model=tiny, orchestrator/train), in
     every rank at once, as the trainer runs it (forward, loss_fn, backward, the loss read):
@@ -209,15 +225,12 @@ def model_calls(world: int, rank: int) -> tuple[float, ...]:
     sharded by FSDP2 over the pair (apply_fsdp: each block and the root, resharded after
     forward) with gradient sync off and on; and of one AdamW step over the plain model's and the
     TP model's parameters (DTensors)."""
-    import contextlib
-
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
 
     from orchestrator.train.model import Transformer, cp_shard
     from orchestrator.train.parallel import apply_cp, apply_tp
-    from orchestrator.train.trainer import _scalar, loss_fn
 
     spec = tiny_spec()
     cfg = spec.model
@@ -228,15 +241,7 @@ def model_calls(world: int, rank: int) -> tuple[float, ...]:
     inp, lab = tokens[:, :-1], tokens[:, 1:]
     cp_inp, cp_lab = cp_shard(inp, PAIR, pair_rank), cp_shard(lab, PAIR, pair_rank)
 
-    def timed(model, x, y, ctx=contextlib.nullcontext) -> float:
-        def step():
-            with ctx():
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                _scalar(loss)
-        step()
-        return _best(step, repeat=5, number=3)
-
+    timed = _timed_step
     def adam(model) -> float:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
         return _best(opt.step, repeat=5, number=3)
@@ -282,7 +287,6 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from orchestrator.train.model import Transformer
-    from orchestrator.train.trainer import _scalar, loss_fn
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -293,16 +297,8 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     tokens = torch.randint(0, spec.model.vocab, (1, spec.training.seq_len + 1))
     inp, lab = tokens[:, :-1], tokens[:, 1:]
 
-    def timed(model, x, y) -> float:
-        def step():
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            _scalar(loss)
-        step()
-        return _best(step, repeat=5, number=3)
-
-    plain = timed(Transformer(spec.model), inp, lab)
-    gathers, synced = _fsdp_times(spec.model, mesh, inp, lab, timed)
+    plain = _timed_step(Transformer(spec.model), inp, lab)
+    gathers, synced = _fsdp_times(spec.model, mesh, inp, lab, _timed_step)
     if rank == 0:
         with open(out, "w") as f:
             f.write(f"{plain} {gathers} {synced}")
@@ -313,18 +309,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
 def fsdp_group(world: int = FSDP_GROUP) -> dict:
     """FSDP2 over `world` processes at once (milliseconds), and the cores' worth they get (`work_s`:
     the same slice of work in `world` processes at once, to put the figures per uncontended core)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "fsdp.txt")
-        os.environ["OMP_NUM_THREADS"] = "1"
-        mp.spawn(_fsdp_worker, args=(world, port, out), nprocs=world, join=True)
-        plain, gathers, synced = (float(x) for x in open(out).read().split())
+    plain, gathers, synced = _spawned(_fsdp_worker, world)
     return {"group": world, "plain_ms": plain * 1e3, "gathers_ms": gathers * 1e3, "synced_ms": synced * 1e3,
             "work_s": _slowest(world)}
 
@@ -449,7 +434,9 @@ def _derived(tp_call: float, c10d: float, send: float, whole: float, short: floa
     return {k: max(d, 0.0) / per * 1e6 for k, (d, per) in raw.items()}, floored
 
 
-def collectives(ranks: int = 2) -> dict:
+def _spawned(worker, ranks: int) -> list[float]:
+    """Run `worker(rank, ranks, port, out)` in `ranks` gloo processes (one thread each, as the
+    runtime's ranks run); the figures rank 0 wrote to `out`."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -458,10 +445,14 @@ def collectives(ranks: int = 2) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "gloo.txt")
+        out = os.path.join(tmp, "figures.txt")
         os.environ["OMP_NUM_THREADS"] = "1"
-        mp.spawn(_worker, args=(ranks, port, out), nprocs=ranks, join=True)
-        lat, bw_t, nbytes, tp, op, c10d, *models = (float(x) for x in open(out).read().split())
+        mp.spawn(worker, args=(ranks, port, out), nprocs=ranks, join=True)
+        return [float(x) for x in open(out).read().split()]
+
+
+def collectives(ranks: int = 2) -> dict:
+    lat, bw_t, nbytes, tp, op, c10d, *models = _spawned(_worker, ranks)
     bus = 2.0 * (PAIR - 1) / PAIR * nbytes / bw_t / 1e9  # an all-reduce within a pair
     return {"ranks": ranks, "group": PAIR, "latency_us": lat * 1e6, "bus_gbps": bus, "tp_call_us": tp * 1e6,
             "bare_dtensor_op_us": op * 1e6, "c10d_call_us": c10d * 1e6,
