@@ -149,8 +149,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             f.write(" ".join(str(x) for x in (lat, bw_t, big.numel() * 4, *calls, *models)))
-    dist.barrier()
-    dist.destroy_process_group()
+    _leave(dist)
 
 
 def runtime_calls(world: int) -> tuple[float, float, float]:
@@ -302,8 +301,18 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             f.write(f"{plain} {gathers} {synced}")
+    _leave(dist)
+
+
+def _leave(dist) -> None:
+    """A probe process that wrote its figures leaves without the interpreter's teardown, which can
+    abort a finished gloo rank ('terminate called without an active exception'), as the runtime's
+    ranks leave (orchestrator/rundir exit_now)."""
+    from orchestrator.rundir import exit_now
+
     dist.barrier()
     dist.destroy_process_group()
+    exit_now(0)
 
 
 def fsdp_group(world: int = FSDP_GROUP) -> dict:
