@@ -40,10 +40,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from datetime import timedelta
 from functools import lru_cache
 
 
-from orchestrator.plan.machine import CALL_KEYS, PROBE_GROUP
+from orchestrator.plan.machine import CALL_KEYS, FSDP_GROUP, PROBE_GROUP
 # The preset keys the probe measures directly and the raw figures each is (derive()'s `terms`
 # adds the derived call costs, DERIVED_FROM; tp_call_us and c10d_call_us are timed as they are).
 MEASURED_FROM = {
@@ -53,6 +54,8 @@ MEASURED_FROM = {
     "host_cores": ("work_s", "work_together_s", "cores_allowed"),
     "tp_call_us": ("gloo.tp_call_us",), "c10d_call_us": ("gloo.c10d_call_us",),
 }
+# A probe's collective that waits longer than this fails the probe (a peer died or hangs), not the host
+CALL_TIMEOUT_S = 300
 PAIR = PROBE_GROUP  # every call and the runtime's model under TP, CP, FSDP2, PP: over pairs of the probe's ranks
 
 
@@ -133,7 +136,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=CALL_TIMEOUT_S))
     from torch.distributed.device_mesh import init_device_mesh
 
     # latency and bandwidth between the ranks of each pair, every pair at once (as the calls below)
@@ -275,7 +278,6 @@ def _fsdp_times(cfg, mesh, inp, lab, timed) -> tuple[float, float]:
     return gathers, synced
 
 
-FSDP_GROUP = 4  # the wider FSDP2 group the probe times when it runs as many processes (--ranks 4 or more)
 
 
 def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
@@ -289,7 +291,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=CALL_TIMEOUT_S))
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     spec = tiny_spec()
     torch.manual_seed(0)

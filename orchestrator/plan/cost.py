@@ -48,7 +48,7 @@ from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import OP_SAC, ModelMath
 from orchestrator.plan.overheads import HostCalls, host_calls
-from orchestrator.plan.stages import Stage
+from orchestrator.plan.stages import Stage, reduce_grad_bytes
 from orchestrator.plan.topology import Tier, tiers_for
 
 
@@ -240,11 +240,7 @@ def _time(calls: float, nbytes: float, tier: Tier) -> float:
 
 
 def _grad_bytes(spec) -> float:
-    if spec is None:
-        return 2.0
-    st = spec.stack
-    g = st.grad_reduce_bytes if st.grad_reduce_bytes is not None else st.grad_bytes
-    return g or 2.0  # validate.LIMITS bounds it (0 .. 16); 0: the default
+    return reduce_grad_bytes(spec.stack if spec is not None else None)
 
 
 def axis_traffic(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, sp: bool, spec=None) -> dict[str, AxisReport]:

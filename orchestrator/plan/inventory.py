@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from orchestrator.plan.kernels import LOW_PRECISION
-from orchestrator.plan.stages import Stage
+from orchestrator.plan.stages import Stage, buffer_grad_bytes, held
 from orchestrator.plan.layout import Layout
 
 GiB = 1024**3
@@ -75,12 +75,7 @@ def in_flight(d: Layout, stage: int) -> float:
 
 
 def _grad_bytes(spec) -> float:
-    g = getattr(getattr(spec, "stack", None), "grad_bytes", 2.0)
-    try:
-        g = float(g)
-    except (TypeError, ValueError):
-        return 2.0
-    return min(max(g, 0.0), 16.0) if g == g and abs(g) != float("inf") else 2.0
+    return buffer_grad_bytes(getattr(spec, "stack", None))
 
 
 def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes: float | None = None,
@@ -89,24 +84,18 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
     it, pp-1-r for the other direction: its weights, gradients and half the activations."""
     t, c = d.tp, d.cp
     shard = d.dp_shard * c  # FSDP / ZeRO group of dense weights (one copy of the state)
-    eshard = d.edp  # ... and of expert weights
-
-    def sharded(x: Stage, level: int) -> float:
-        dense = (x.params - x.expert_params) / t
-        expert = x.expert_params / (d.etp * d.ep)
-        return dense / (shard if d.zero >= level else 1) + expert / (eshard if d.zero >= level else 1)
 
     gb = _grad_bytes(spec) if grad_bytes is None else grad_bytes
     if mirror is not None:
-        params = 2.0 * (sharded(st, 3) + sharded(mirror, 3))
-        grads = gb * (sharded(st, 2) + sharded(mirror, 2))
-        optimizer = tr.optimizer_bytes * (sharded(st, 1) + sharded(mirror, 1)) / 2
+        params = 2.0 * (held(st, d, 3) + held(mirror, d, 3))
+        grads = gb * (held(st, d, 2) + held(mirror, d, 2))
+        optimizer = tr.optimizer_bytes * (held(st, d, 1) + held(mirror, d, 1)) / 2
         act_tok = (st.act_tok + mirror.act_tok) / 2
     else:
         copies = float(d.schedule.weight_copies)
-        params = copies * 2.0 * sharded(st, 3)
-        grads = copies * gb * sharded(st, 2)
-        optimizer = tr.optimizer_bytes * sharded(st, 1)
+        params = copies * 2.0 * held(st, d, 3)
+        grads = copies * gb * held(st, d, 2)
+        optimizer = tr.optimizer_bytes * held(st, d, 1)
         act_tok = st.act_tok
     tokens = tr.seq_len / c * tr.micro_batch
     acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision.value in LOW_PRECISION else 1.0)

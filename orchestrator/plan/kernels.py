@@ -85,6 +85,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from orchestrator.plan.model import OP_SAC, ModelMath
+from orchestrator.plan.stages import buffer_grad_bytes, held, reduce_grad_bytes
 
 
 @dataclass(frozen=True)
@@ -445,21 +446,14 @@ def step_features(st, d, stack, hbm: float) -> Features:
       (FSDP2 reduce-scatters each backward unless told not to), the last one's under pipelining
       (torch.distributed.pipelining turns gradient sync off for the others).
     Not on a CPU, whose per-call host time the probe measures (plan/overheads.py)."""
-    dense = (st.params - st.expert_params) / max(d.tp, 1)
-    expert = st.expert_params / max(d.etp * d.ep, 1)
-    local = dense + expert
-    shard = (dense / max(d.dp_shard * d.cp, 1) + expert / max(d.edp, 1)) if d.zero >= 1 else local
-    grad = float(getattr(stack, "grad_bytes", 2.0) or 2.0)
-    reduce_b = float(getattr(stack, "grad_reduce_bytes", None) or grad)
-    nbytes = shard * (ADAMW_BYTES + (CLIP_BYTES if getattr(stack, "grad_clip", True) else 0.0))
-    if getattr(stack, "gather_copy_out", False):
+    local, shard = held(st, d, 4), held(st, d, 1)  # what the GPU holds; its share of the optimizer's state
+    nbytes = shard * (ADAMW_BYTES + (CLIP_BYTES if stack.grad_clip else 0.0))
+    if not stack.gather_copy_out:
+        return Features(elem=(nbytes + local * buffer_grad_bytes(stack) + shard * MASTER_COPY_BYTES) / hbm)
+    if d.dp_shard * d.cp > 1:
         m = max(d.microbatches, 1)
-        zero3 = d.zero == 3 and d.dp_shard * d.cp > 1
-        gathers, reduces = (2 * m, m) if zero3 else (1, 1)
-        if d.dp_shard * d.cp > 1:
-            nbytes += local * (4.0 * gathers + (2.0 + reduce_b) * reduces)
-    else:
-        nbytes += local * grad + shard * MASTER_COPY_BYTES
+        gathers, reduces = (2 * m, m) if d.zero == 3 else (1, 1)
+        nbytes += local * (4.0 * gathers + (2.0 + reduce_grad_bytes(stack)) * reduces)
     return Features(elem=nbytes / hbm)
 
 

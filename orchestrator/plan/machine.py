@@ -117,6 +117,7 @@ def stock_cpu() -> dict:
 # a TP, CP or FSDP2 group wider than this is priced at a pair's cost per call, not measured; FSDP2
 # also over a wider group where the probe ran as many processes (`fsdp_group`, --ranks 4 or more).
 PROBE_GROUP = 2
+FSDP_GROUP = 4  # the wider FSDP2 group the probe times when it runs as many processes
 
 
 @dataclass(frozen=True)
@@ -148,14 +149,14 @@ class Measurement:
                            f"the cores is assumed, not measured; `{PROBE_HOW} --ranks {min(world, 8)}` "
                            f"measures {min(world, 8)}")
             fsdp = layout.dp_shard * layout.cp
-            wide = int((raw.get("gloo", {}).get("fsdp_group") or {}).get("group") or group)
-            for name, size, most in (("TP", layout.tp, group), ("CP", layout.cp, group),
-                                     ("FSDP2", fsdp if fsdp > 1 else 1, wide)):
-                if size > most:
-                    why.append(f"{name} over {size} ranks: the probe timed its calls over groups of "
-                               f"{'up to ' if most > group else ''}{most}"
-                               + (f" (`{PROBE_HOW} --ranks 4` times FSDP2 over 4)" if name == "FSDP2" and most < 4
-                                  and size <= 4 else ""))
+            wide = int((raw.get("gloo", {}).get("fsdp_group") or {}).get("group") or 0)
+            for name, size in (("TP", layout.tp), ("CP", layout.cp)):
+                if size > group:
+                    why.append(f"{name} over {size} ranks: the probe timed its calls over groups of {group}")
+            if fsdp > max(group, wide):
+                why.append(f"FSDP2 over {fsdp} ranks: the probe timed its calls over groups of "
+                           + (f"up to {wide}" if wide else
+                              f"{group} (`{PROBE_HOW} --ranks {FSDP_GROUP}` times FSDP2 over {FSDP_GROUP})"))
             if layout.dp_replicate > 1:
                 why.append(f"{layout.dp_replicate} copies of the model state, which commit each step across "
                            f"copies (an all-reduce of the gradient shards, a round trip to the coordinator): "

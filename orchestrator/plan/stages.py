@@ -32,6 +32,37 @@ class Stage:
     mtp: int = 0  # multi-token prediction modules it runs (the last stage: training.mtp_depth)
 
 
+def held(st: Stage, d: Layout, level: int) -> float:
+    """Parameters of stage `st` one GPU holds: its tensor-parallel shard (experts: the expert grid's
+    etp x ep), divided by the data-parallel group (dp_shard x cp; experts: edp) where the layout's
+    ZeRO shards at `level` (1 the optimizer's state, 2 also gradients, 3 also weights)."""
+    dense = (st.params - st.expert_params) / max(d.tp, 1)
+    expert = st.expert_params / max(d.etp * d.ep, 1)
+    if d.zero < level:
+        return dense + expert
+    return dense / max(d.dp_shard * d.cp, 1) + expert / max(d.edp, 1)
+
+
+def buffer_grad_bytes(stack) -> float:
+    """Bytes per element of the gradient buffer a GPU holds (stack.grad_bytes; Megatron's fp32 main
+    gradients: 4); 2 where unset or not a number (validate.LIMITS bounds it, 0 .. 16)."""
+    g = getattr(stack, "grad_bytes", 2.0)
+    try:
+        g = float(g)
+    except (TypeError, ValueError):
+        return 2.0
+    return min(max(g, 0.0), 16.0) if g == g and abs(g) != float("inf") else 2.0
+
+
+def reduce_grad_bytes(stack) -> float:
+    """Bytes per gradient element the data-parallel reduction moves (stack.grad_reduce_bytes, else
+    grad_bytes; 0 or unset: 2)."""
+    if stack is None:
+        return 2.0
+    g = stack.grad_reduce_bytes if stack.grad_reduce_bytes is not None else stack.grad_bytes
+    return g or 2.0
+
+
 def _frac(recompute: Recompute, recompute_layers, layers: int, chunks: int) -> float:
     """The share of a stage's layers recomputed in full: all of them, or `recompute_layers`
     per model chunk (Megatron's block method)."""
