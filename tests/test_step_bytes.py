@@ -80,3 +80,52 @@ def test_step_features_prices_the_bytes_torch_moves(counted):
     torch_bytes = (_bytes(counted["fused"]["adamw"]) + _bytes(counted["fused"]["clip"])
                    + _bytes(counted["fsdp"]))
     assert got == pytest.approx(torch_bytes, rel=1e-12), (got, torch_bytes)
+
+
+@pytest.fixture(scope="module")
+def loss_counted() -> dict:
+    """tests/loss_bytes.py beside megatron-core (its own cross-entropy code), without the triton stand-in
+    (Inductor compiles the torch loss in the same run)."""
+    import frameworks
+
+    release = "megatron-core-0.16.1"
+    if not frameworks.installed(release):
+        pytest.skip(f"{release} is not installed: python tests/frameworks.py (make test does)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(frameworks.folder(release)), str(ROOT)])}
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "loss_bytes.py")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_loss_moves_what_each_stacks_own_code_moves(loss_counted):
+    """plan/kernels.LOSS_ELEMENTS against the logit-sized traffic counted on torch's eager and compiled
+    cross_entropy and megatron-core's unfused and fused vocab-parallel ones, forward and backward."""
+    from orchestrator.plan.kernels import LOSS_ELEMENTS
+
+    assert "megatron_error" not in loss_counted, loss_counted
+    for impl in ("torch", "inductor", "megatron", "megatron_fused"):
+        assert LOSS_ELEMENTS[impl] == pytest.approx(loss_counted[impl], abs=0.05), (impl, loss_counted)
+
+
+def test_the_last_stage_pays_the_loss_its_stack_runs():
+    """A Megatron-Core plan's output stage: the loss's bytes follow stack.cross_entropy, and only there."""
+    from orchestrator import compose
+    from orchestrator.plan.kernels import LOSS_ELEMENTS, output_features, shape_of
+    from orchestrator.plan.model import ModelMath
+    from orchestrator.plan.plan import shape_plan
+
+    base = ["model=llama3_8b", "stack=megatron_core", "hardware=h100_sxm", "cluster.nodes=1", "layout.tp=2",
+            "layout.dp=4", "training.global_batch=32"]
+    elems = {}
+    for impl in ("megatron", "te"):
+        spec = compose(base + [f"stack.cross_entropy={impl}"])
+        shaped = shape_plan(spec)
+        s = shape_of(shaped.layout, spec.training, spec.hardware, spec)
+        assert s.loss == impl
+        elems[impl] = output_features(ModelMath(spec.model), s).elem
+    d = shaped.layout
+    V = spec.model.vocab / d.tp
+    tokens = spec.training.seq_len / d.cp * spec.training.micro_batch
+    want = (LOSS_ELEMENTS["megatron"] - LOSS_ELEMENTS["te"]) * 2.0 * tokens * V / (spec.hardware.hbm_gbps * 1e9)
+    assert elems["megatron"] - elems["te"] == pytest.approx(want, rel=1e-9)
