@@ -1,6 +1,6 @@
 """Run as a script beside megatron-core (tests/frameworks.py env): the HBM traffic of the loss over
 the vocabulary, forward and backward, from the bf16 logits to the bf16 gradient the output layer's
-backward takes, for each implementation plan/kernels.LOSS_ELEMENTS prices, counted on the stacks'
+backward takes, for each implementation plan/kernels.LOSSES prices, counted on the stacks'
 own code on this CPU:
 - torch: F.cross_entropy(logits.float()) in eager (torchtitan's cross_entropy_loss, this runtime's
   loss_fn), op by op under a TorchDispatchMode (tests/fsdp2_bytes.Count: the tensors each op reads
@@ -13,7 +13,12 @@ own code on this CPU:
 - inductor: the torch loss through torch.compile, the bytes Inductor's scheduler says its fused
   kernels read and write (Scheduler nodes' get_read_write_buffers_sizes; caches off so it compiles).
 Ops that index a few elements of a logit-sized tensor (nll_loss, index, index_put_) count only the
-fresh tensors they write. Prints one JSON object: per implementation, 2-byte units per logit."""
+fresh tensors they write. With the traffic, the most logit-sized memory alive at once (bytes per
+logit), from the bf16 logits the output layer hands the loss (dropped once the forward returns, as
+the model's forward does) to the bf16 gradient it takes back: each logit-sized storage from the op
+or fused region that makes it until it is freed. Prints one JSON object: per implementation, 2-byte
+units per logit and "<impl>_peak_bytes"; for the compiled loss, whose buffers Inductor allocates out of
+sight, the logit-sized tensors it saves for the backward ("inductor_saved_bytes")."""
 from __future__ import annotations
 
 import json
@@ -24,6 +29,7 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fsdp2_bytes import Count, _bytes, _tensors  # noqa: E402
@@ -44,6 +50,17 @@ class LossCount(Count):
         self.paused = False
         self.indexed = 0
         self.regions = 0
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}  # logit-sized storages: data_ptr -> (ref, bytes)
+        self.peak = 0
+
+    def track(self, out) -> None:
+        """Note the logit-sized storages `out` holds; the peak of those alive."""
+        for t in _tensors(out):
+            if t.numel() >= TOKENS * VOCAB:
+                st = t.untyped_storage()
+                self.live.setdefault(st.data_ptr(), (StorageWeakRef(st), st.nbytes()))
+        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
+        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = f"{func.namespace}.{func._opname}"
@@ -53,8 +70,10 @@ class LossCount(Count):
             ins = {id(t) for t in _tensors((args, kwargs or {}))}
             result = func(*args, **(kwargs or {}))
             self.indexed += _bytes([t for t in _tensors(result) if t.dim() > 0 and id(t) not in ins])
-            return result
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        else:
+            result = super().__torch_dispatch__(func, types, args, kwargs)
+        self.track(result)
+        return result
 
     def region(self, fn):
         """A fused kernel: reads its tensor arguments, writes its results (in-place ones too)."""
@@ -67,6 +86,7 @@ class LossCount(Count):
                 self.paused = False
             self.regions += _bytes(list({id(t): t for t in reads}.values()))
             self.regions += _bytes([t for t in _tensors(out) if t.dim() > 0])
+            self.track(out)
             return out
         return run
 
@@ -85,16 +105,20 @@ def units(nbytes: int) -> float:
     return nbytes / (TOKENS * VOCAB * 2)
 
 
-def counted(loss_of) -> float:
-    """Forward and backward of `loss_of(logits, labels)` -> per-token losses, under a LossCount."""
-    logits, labels = _data()
+def counted(loss_of) -> tuple[float, float]:
+    """Forward and backward of `loss_of(logits, labels)` -> per-token losses, under a LossCount: the
+    traffic (2-byte units per logit) and the peak of logit-sized memory (bytes per logit)."""
+    leaf, labels = _data()
     mode = LossCount()
     with mode:
+        logits = leaf.clone()  # the output layer's bf16 logits: a fresh tensor the loss is handed
         loss = loss_of(logits, labels, mode)
+        del logits  # the model's forward returns: only what the loss saved stays
         # Megatron's per-token losses take a per-token gradient (its loss mask); torch's is the mean
         loss.backward(torch.ones_like(loss) / loss.numel() if loss.dim() else None)
-    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
-    return units(mode.total())
+    assert leaf.grad is not None and leaf.grad.dtype == torch.bfloat16
+    clone = 2 * TOKENS * VOCAB * 2  # the clone's read and write are the test's, not the loss's
+    return units(mode.total() - clone), mode.peak / (TOKENS * VOCAB)
 
 
 def torch_loss(logits, labels, mode=None):
@@ -132,7 +156,7 @@ def megatron_loss(fused: bool):
     return loss
 
 
-def inductor() -> float:
+def inductor() -> tuple[float, float]:
     import torch._inductor.scheduler as sched
 
     sizes: list[int] = []
@@ -143,19 +167,29 @@ def inductor() -> float:
         return codegen(self)
     sched.Scheduler.codegen = counting
     logits, labels = _data()
-    torch.compile(torch_loss)(logits, labels).backward()
+    saved: list[int] = []
+
+    def pack(t):
+        if t.numel() >= TOKENS * VOCAB:
+            saved.append(t.numel() * t.element_size())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = torch.compile(torch_loss)(logits, labels)
+    loss.backward()
     assert len(sizes) == 2, f"expected a forward and a backward graph, Inductor compiled {len(sizes)}"
-    return units(sum(sizes))
+    return units(sum(sizes)), sum(saved) / (TOKENS * VOCAB)
 
 
 def main() -> None:
-    out = {"torch": counted(torch_loss)}
+    out = {}
     try:
-        out["megatron"] = counted(megatron_loss(False))
-        out["megatron_fused"] = counted(megatron_loss(True))
+        impls = {"torch": torch_loss, "megatron": megatron_loss(False), "megatron_fused": megatron_loss(True)}
     except ImportError as e:  # run without megatron-core on the path
         out["megatron_error"] = str(e)
-    out["inductor"] = inductor()
+        impls = {"torch": torch_loss}
+    for impl, loss_of in impls.items():
+        out[impl], out[impl + "_peak_bytes"] = counted(loss_of)
+    out["inductor"], out["inductor_saved_bytes"] = inductor()
     print(json.dumps(out))
 
 

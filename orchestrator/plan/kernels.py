@@ -213,7 +213,7 @@ class Shape:
     attn_speed: float = 1.0  # the attention kernel's speed relative to the fitted fused kernels
     bf16_share: float = 0.0  # of the layers, those a low-precision run keeps in BF16 (training.bf16_layers)
     sp_relayout: bool = False  # TP collectives re-lay whole activations (stack.activation_layout; sp_copies)
-    loss: str = "torch"  # the loss's kernels (stack.cross_entropy; LOSS_ELEMENTS)
+    loss: str = "torch"  # the loss's kernels (stack.cross_entropy; LOSSES)
 
 
 def _gemm(M: float, N: float, K: float, lowp: bool, shape: Shape, passes: float = 3.0) -> Features:
@@ -251,31 +251,41 @@ def _elem(elements: float, shape: Shape) -> Features:
 #   type_as): forward and backward 10 each against the fused 4 -> 16 more per rotated element
 #   (4 x the fused count).
 # Bytes / HBM bandwidth, as the fused work (hardware.hbm_gbps: the GPU's datasheet figure).
-# (The loss is its own table, LOSS_ELEMENTS: which kernels run it is the stack's stack.cross_entropy.)
+# (The loss is its own table, LOSSES: which kernels run it is the stack's stack.cross_entropy.)
 EAGER = {"rmsnorm": 46.0, "swiglu": 6.0, "rope": 4.0}
 
-# The loss over the vocabulary: logit-sized elements moved per logit, forward + backward, in 2-byte
-# units (an fp32 tensor counts 2), from the output layer's bf16 logits to the bf16 gradient its
-# backward takes, by the implementation the stack runs (stack.cross_entropy). Counted from each
-# one's own code by tests/loss_bytes.py (tests/test_step_bytes.py), but for te:
+# The loss over the vocabulary, by the implementation the stack runs (stack.cross_entropy), from the
+# output layer's bf16 logits to the bf16 gradient its backward takes: the logit-sized elements moved
+# per logit, forward + backward, in 2-byte units (an fp32 tensor counts 2), and the most logit-sized
+# memory alive at once, bytes per logit (the inventory's last stage). Counted on each one's own code
+# by tests/loss_bytes.py (tests/test_step_bytes.py), but for te:
 # - torch: F.cross_entropy(logits.float()) in eager (torchtitan, this runtime): the cast (1 read, 2
 #   written), log_softmax (2, 2), nll_loss's backward writing the one-hot gradient (2),
-#   log_softmax's backward (4, 2) and the cast back (2, 1): 18.
+#   log_softmax's backward (4, 2) and the cast back (2, 1): 18; the fp32 log-probabilities saved for
+#   backward, the one-hot and log_softmax's fp32 gradient at once: 12 bytes.
 # - inductor: the same through torch.compile (torchtitan compiles the loss since 2025: its
 #   components/loss.py): one fused kernel each way, Inductor's own count of what its fused nodes read
-#   and write: 4.
+#   and write: 4; it saves the bf16 logits for backward, which writes the bf16 gradient: 4 bytes.
 # - megatron: Megatron-Core's vocab_parallel_cross_entropy (tensor_parallel/cross_entropy.py; the
 #   default, --cross-entropy-loss-fusion off): cast to fp32, max, in-place subtract, exp, sum and
 #   divide forward (19), the in-place multiply by the loss's gradient and autograd's cast back to the
-#   logits' bf16 backward (7): 26.
+#   logits' bf16 backward (7): 26; the fp32 softmax beside the bf16 logits, then the gradient: 6 bytes.
 # - megatron_fused: the same algorithm in four jit-fused regions (fusions/fused_cross_entropy.py,
 #   cross_entropy_loss_fusion with the native impl), each reading its inputs and writing its outputs
-#   once: 14.
+#   once: 14; 6 bytes.
 # - te: Transformer Engine's Triton kernels (pytorch/triton/cross_entropy.py, cross_entropy_fusion_impl
 #   "te", Megatron-Bridge's performance recipes): an online-softmax pass and a loss pass that read the
-#   bf16 logits and writes the fp32 gradient (4), backward an in-place multiply by the per-token loss
-#   gradient (4) and autograd's cast to bf16 (3): 11. Read from its code (Triton does not run here).
-LOSS_ELEMENTS = {"torch": 18.0, "inductor": 4.0, "megatron": 26.0, "megatron_fused": 14.0, "te": 11.0}
+#   bf16 logits and write the fp32 gradient (4), backward an in-place multiply by the per-token loss
+#   gradient (4) and autograd's cast to bf16 (3): 11; the fp32 gradient beside the logits: 6 bytes.
+#   Read from its code (Triton does not run here).
+@dataclass(frozen=True)
+class Loss:
+    elements: float  # moved per logit, fwd + bwd, 2-byte units
+    peak_bytes: float  # logit-sized memory alive at once, bytes per logit
+
+
+LOSSES = {"torch": Loss(18.0, 12.0), "inductor": Loss(4.0, 4.0), "megatron": Loss(26.0, 6.0),
+          "megatron_fused": Loss(14.0, 6.0), "te": Loss(11.0, 6.0)}
 
 
 @lru_cache(maxsize=4096)
@@ -407,10 +417,10 @@ def sp_copies(mb: int, op_sac: bool, full: bool) -> float:
 
 def output_features(mm: ModelMath, s: Shape) -> Features:
     """The output layer (kept in bf16 by FP8 recipes) and the loss on the last stage, its kernels the
-    stack's (LOSS_ELEMENTS)."""
+    stack's (LOSSES)."""
     V = mm.V / s.t
     g = _gemm(s.tokens, V, mm.h, False, s)
-    return g + _elem(LOSS_ELEMENTS[s.loss] * s.tokens * V, s)
+    return g + _elem(LOSSES[s.loss].elements * s.tokens * V, s)
 
 
 def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
