@@ -64,7 +64,9 @@ TEMPLATES = [
 ]
 # The CP methods besides the stack's default (p2p), read back as Transformer Engine will be given them
 CP_METHODS = [["hardware=h100_sxm", *TEMPLATES[10], f"stack.cp_comm={k}"] for k in ("all_gather", "a2a")]
-CONFIGS = RECIPES + [[f"hardware={hw}", *t] for hw in ARCH for t in TEMPLATES] + CP_METHODS
+# The loss's fused kernels (stack.cross_entropy=megatron_fused), read back from TransformerConfig
+LOSS = [["hardware=h100_sxm", *TEMPLATES[0], "stack.cross_entropy=megatron_fused"]]
+CONFIGS = RECIPES + [[f"hardware={hw}", *t] for hw in ARCH for t in TEMPLATES] + CP_METHODS + LOSS
 
 
 def megatron(root: str):
@@ -110,6 +112,9 @@ def readback(args, config, pj: dict) -> dict:
     want["global_batch"] = pj["config"]["training"]["global_batch"]
     if lay["ep"] > 1:
         got["etp"], want["etp"] = args.expert_tensor_parallel_size, lay["etp"]
+    fused = pj["config"]["stack"]["cross_entropy"] == "megatron_fused"  # the loss's kernels planned
+    got["loss_fusion"], want["loss_fusion"] = (config.cross_entropy_loss_fusion, config.cross_entropy_fusion_impl), \
+        (fused, "native")
     if lay["cp"] > 1:  # what TransformerConfig hands Transformer Engine's attention: the CP method planned
         got["cp_comm"], want["cp_comm"] = config.cp_comm_type, pj["config"]["stack"]["cp_comm"]
     if lay["pp"] > 1:

@@ -67,7 +67,8 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     assert [e.key for e in p.errors] == ["layout.zero"]
     assert plan_of(*SMALL, "trainer=torchtitan", "layout.pp=2", "schedule=dualpipev", "layout.tp=2").valid
     for line in ("0.2", "0.3"):  # DeepSeek-V3 as published: DualPipe, ZeRO-1 and an MTP module torchtitan has not
-        p = plan_of("recipe=deepseek_v3", "trainer=torchtitan", f"trainer.version={line}", "launcher=slurm")
+        p = plan_of("recipe=deepseek_v3", "trainer=torchtitan", f"trainer.version={line}", "launcher=slurm",
+                    "training.recompute=full")  # torchao's float8 keeps bf16 activations: selective does not fit
         assert sorted(e.key for e in p.errors) == ["layout.zero", "schedule.name", "training.mtp_depth"], p.errors
         assert all(e.fix for e in p.errors) and "training.mtp_depth=0" in p.errors[1].fix + p.errors[2].fix
     p = plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.3", "layout.tp=2", "training.precision=fp8")
@@ -85,6 +86,25 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     p = plan_of(*cp, "trainer=megatron", "layout.tp=8", "layout.cp=8", "cluster.nodes=8", "stack.cp_comm=a2a")
     assert [e.key for e in p.errors] == ["stack.cp_comm, layout.cp"], p.errors  # 8 KV heads / tp 8 over cp 8
     assert plan_of(*cp, "trainer=megatron", "stack.cp_comm=a2a").valid
+    # the loss's kernels and torch.compile as planned, or refused: torchtitan runs torch's (eager or compiled),
+    # async TP only on a compiled model; this runtime its eager one
+    for line in ("0.2", "0.3"):
+        p = plan_of(*SMALL, "trainer=torchtitan", f"trainer.version={line}", "layout.tp=2", "stack.cross_entropy=te")
+        assert [e.key for e in p.errors] == ["stack.cross_entropy"] and "inductor" in p.errors[0].fix, p.errors
+        p = plan_of(*SMALL, "trainer=torchtitan", f"trainer.version={line}", "layout.tp=2", "stack.tp_overlap=0.2")
+        assert [e.key for e in p.errors] == ["stack.tp_overlap, stack.fused_elementwise"], p.errors
+        assert plan_of(*SMALL, "trainer=torchtitan", f"trainer.version={line}", "layout.tp=2", "stack.tp_overlap=0.2",
+                       "stack.fused_elementwise=true").valid
+    for ce in ("te", "torch"):  # Megatron-LM refuses TE's fused loss (validate_args) and has no torch loss
+        p = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", f"stack.cross_entropy={ce}")
+        assert [e.key for e in p.errors] == ["stack.cross_entropy"] and "megatron_fused" in p.errors[0].fix, p.errors
+    from orchestrator.frameworks.trainers import argv  # the fused one as Megatron turns it on
+
+    fused = plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "stack.cross_entropy=megatron_fused")
+    assert "--cross-entropy-loss-fusion" in argv(fused.to_json(), ROOT)
+    assert "--cross-entropy-loss-fusion" not in argv(plan_of(*SMALL, "trainer=megatron", "layout.tp=2").to_json(), ROOT)
+    p = plan_of("model=tiny", "hardware=cpu", "cluster.nodes=1", "launcher=local", "stack.cross_entropy=inductor")
+    assert [e.key for e in p.errors] == ["stack.cross_entropy"], p.errors
     tiny = ["model=tiny", "hardware=cpu", "cluster.nodes=1", "layout.cp=2", "launcher=local"]
     p = plan_of(*tiny, "stack.cp_comm=p2p")  # this runtime all-gathers K/V (train/model.py _GatherSeq)
     assert [e.key for e in p.errors] == ["stack.cp_comm"] and "all_gather" in p.errors[0].fix, p.errors
@@ -192,8 +212,9 @@ TT_CASES = [
     ("llama3_405b_16k_fp8", ["recipe=llama3_405b_16k", "launcher=slurm", "training.precision=fp8"], ("0.2", "0.3")),
     ("megatron_1t", ["recipe=megatron_1t", "launcher=slurm", "layout.zero=3"], ("0.2",)),  # no gpt_1t entry in 0.3
     # the recipe with what torchtitan runs instead of what it cannot (DualPipe, ZeRO-1, MTP): float8, EP64, PP16
+    # (full recompute: torchao's float8 layers keep bf16 activations, too many for the recipe's selective)
     ("deepseek_v3", ["recipe=deepseek_v3", "launcher=slurm", "schedule=dualpipev", "layout.zero=2",
-                     "training.mtp_depth=0"], ("0.2", "0.3")),
+                     "training.mtp_depth=0", "training.recompute=full"], ("0.2", "0.3")),
     ("tp2", [*SMALL, "layout.tp=2", "training.checkpoint.every=10"], ("0.2", "0.3")),
     ("tp2pp2_dualpipev", [*SMALL, "layout.tp=2", "layout.pp=2", "schedule=dualpipev",
                           "training.recompute=selective"], ("0.2", "0.3")),
@@ -205,6 +226,9 @@ TT_CASES = [
     ("hsdp_tp2pp2", [*SMALL, "layout.tp=2", "layout.dp_shard=4", "layout.pp=2"], ("0.2", "0.3")),
     ("pp4tp2", [*SMALL, "layout.pp=4", "layout.tp=2", "training.recompute=none"], ("0.2", "0.3")),
     ("fsdp_tp8", [*SMALL, "layout.tp=8"], ("0.2", "0.3")),
+    # torchtitan's 2025 benchmarks as planned: the model and the loss compiled, async TP
+    ("tp2_compiled_async", [*SMALL, "layout.tp=2", "stack.fused_elementwise=true", "stack.cross_entropy=inductor",
+                            "stack.tp_overlap=0.2"], ("0.2", "0.3")),
     ("moe_ep4tp2", [*SMALL, "model=tiny_moe", "layout.ep=4", "layout.tp=2"], ("0.2", "0.3")),
     ("moe_ep8tp2pp2", [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.tp=2", "layout.pp=2"], ("0.2", "0.3")),
     # expert groups under the plan's orders: the last one torchtitan cannot build (refused at launch)
@@ -323,7 +347,7 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
     on each rendered line, its split functions against the plan's stages."""
     if line not in torchtitan_runs:
         pytest.skip(f"torchtitan {line} not installed (python tests/frameworks.py)")
-    splits = cps = 0
+    splits = cps = compiles = 0
     for cid, p, pj, words, res in torchtitan_runs[line]:
         assert res["ok"], (cid, " ".join(words)[:3000], res.get("error"))
         lay, tr = pj["layout"], pj["config"]["training"]
@@ -334,6 +358,11 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
         assert got["global_batch"] == tr["global_batch"] and got["seq_len"] == tr["seq_len"], cid
         assert got["steps"] == tr["steps"] and got["seed"] == tr["seed"], cid
         assert got["fp8"] == (tr["precision"] == "fp8"), cid
+        stack = pj["config"]["stack"]  # torch.compile where the plan prices compiled kernels, async TP on top
+        assert got["compile"] == sorted((["model"] if stack["fused_elementwise"] else [])
+                                        + (["loss"] if stack["cross_entropy"] == "inductor" else [])), cid
+        assert got["async_tp"] == (lay["tp"] > 1 and stack["tp_overlap"] > 0), cid
+        compiles += bool(got["compile"])
         if lay["cp"] > 1:  # the CP method priced is the one torch runs: its ALL_TO_ALL rotater passes each K/V
             # shard to rank + 1 (_context_parallel/_attention.py _AllToAllRotater), the ring (p2p)
             assert {"ALL_GATHER": "all_gather", "ALL_TO_ALL": "p2p"}[got["cp_rotation"]] == \
@@ -351,8 +380,9 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
         if ck["every"] > 0:
             assert got["checkpoint"][2] == ck["every"], cid
     print(f"torchtitan {line}: {len(torchtitan_runs[line])} lines parsed and read back, {splits} stage splits, "
-          f"{cps} CP methods")
+          f"{cps} CP methods, {compiles} compiled")
     assert splits >= 6 and cps >= {"0.2": 2, "0.3": 1}[line]  # 0.2: all-gather and the ring; 0.3: all-gather
+    assert compiles >= 1
 
 
 def _plan_mesh_groups(p, pj: dict) -> dict[str, set]:

@@ -194,7 +194,10 @@ for case in cases:
                        "checkpoint": [cfg.checkpoint.enable, cfg.checkpoint.folder, cfg.checkpoint.interval],
                        "recompute": cfg.activation_checkpoint.mode if LINE == "0.2"
                        else type(cfg.activation_checkpoint).__qualname__,
-                       "fp8": float8(cfg), "cp_rotation": cp_rotation(par)}
+                       "fp8": float8(cfg), "cp_rotation": cp_rotation(par),
+                       "compile": sorted(cfg.compile.components) if cfg.compile.enable else [],
+                       "async_tp": par.enable_async_tensor_parallel if LINE == "0.2"
+                       else cfg.compile.enable_async_tensor_parallel}
         try:  # torchtitan splits its own model: where trainer.args name another (a debug model), it may refuse
             res["split"], res["stage_rank"] = split(cfg)
         except ValueError as e:

@@ -220,6 +220,15 @@ class AttentionKernel(str, Enum):
     flash2 = "flash2"  # FlashAttention-2 (torch SDPA's flash backend)
 
 
+class CrossEntropy(str, Enum):
+    """The loss kernels a stack runs over the logits (plan/kernels.LOSSES: their HBM traffic and memory)."""
+    torch = "torch"  # F.cross_entropy on fp32 logits, eager (torchtitan without a compiled loss, this runtime)
+    inductor = "inductor"  # the same, through torch.compile (torchtitan compiles the loss from 2025)
+    megatron = "megatron"  # Megatron's vocab_parallel_cross_entropy (--cross-entropy-loss-fusion off, its default)
+    megatron_fused = "megatron_fused"  # its fused regions (cross_entropy_loss_fusion, impl native)
+    te = "te"  # Transformer Engine's Triton parallel_cross_entropy (cross_entropy_fusion_impl te)
+
+
 class DPWindow(str, Enum):
     step = "step"  # dp_overlap x the step's compute (this runtime's first model)
     microbatch = "microbatch"  # the last micro-batch's backward and the next step's first forward
@@ -302,6 +311,14 @@ class StackConfig:
     # through Transformer Engine, what cost.attention_efficiency is fitted on) or `flash2`
     # (torch's scaled_dot_product_attention flash backend: FlashAttention-2), at hardware.flash2_speed.
     attention_kernel: AttentionKernel = AttentionKernel.fused
+    # Low-precision linear layers save their inputs for backward in FP8 (Transformer Engine: the copy
+    # the forward cast; plan/inventory.FP8_ACT) or in bf16, cast again in backward (torchao's
+    # Float8Linear, which torchtitan's float8 converts nn.Linear to: torchao/float8/float8_linear.py).
+    fp8_saves_fp8: bool = True
+    # The loss over the vocabulary (CrossEntropy): the kernels the stack runs on the last stage's
+    # logits, priced as their HBM traffic and the memory they hold (plan/kernels.LOSSES, counted from each stack's
+    # own code by tests/test_step_bytes.py). This runtime: torch's eager cross_entropy.
+    cross_entropy: CrossEntropy = CrossEntropy.torch
     # Which activation dimension sequence parallelism shards (ActivationLayout). NCCL gathers and
     # scatters along dim 0, so torch's functional collectives gather or reduce-scatter a [b, s, h]
     # activation on its sequence dim with one copy of the whole activation each (all_gather_single:

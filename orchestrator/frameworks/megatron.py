@@ -50,7 +50,7 @@ CITED = {
     "--multi-latent-attention": f"{TC}:288", "--q-lora-rank": f"{ARGS}:3548", "--kv-lora-rank": f"{ARGS}:3550",
     "--qk-head-dim": f"{ARGS}:3552", "--qk-pos-emb-head-dim": f"{ARGS}:3554", "--v-head-dim": f"{ARGS}:3556",
     "--mtp-num-layers": f"{TC}:68", "--position-embedding-type": f"{ARGS}:2397", "--rotary-base": f"{ARGS}:2418",
-    "--normalization": f"{TC}:256",
+    "--normalization": f"{TC}:256", "--cross-entropy-loss-fusion": f"{MPC}:320",
 }
 # What each rank's environment must hold (validate_args, arguments.py): with TP or CP, before
 # Blackwell, CUDA_DEVICE_MAX_CONNECTIONS=1 unless an FSDP runs (1452-1479; from Blackwell on 1 is
@@ -64,8 +64,22 @@ SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP (argumen
 # p2p (arguments.py:3221). Its "a2a+p2p" (with --hierarchical-context-parallel-sizes) the schema lacks.
 
 
+# The loss (stack.cross_entropy): vocab_parallel_cross_entropy by default (megatron), its fused regions
+# with --cross-entropy-loss-fusion (megatron_fused; --cross-entropy-fusion-impl native, the default,
+# model_parallel_config.py:320-325). Transformer Engine's kernel (te) validate_args refuses at this commit
+# ("disabled due to stability issues", arguments.py:1697-1702); torch's loss Megatron does not run.
+CROSS_ENTROPY = {"megatron": [], "megatron_fused": ["--cross-entropy-loss-fusion"]}
+
+
 def problems(spec: Config, layout: Layout) -> list[Problem]:
     out, sched = [], layout.schedule.name
+    ce = spec.stack.cross_entropy.value
+    if ce not in CROSS_ENTROPY:
+        why = ("Megatron-LM refuses Transformer Engine's cross-entropy fusion (validate_args: 'disabled due to "
+               "stability issues')" if ce == "te" else f"Megatron-LM computes the loss with its own kernels, not {ce}'s")
+        out.append(Problem("stack.cross_entropy", f"{why}; the plan prices {ce}.",
+                           "set stack.cross_entropy=megatron (its default) or megatron_fused "
+                           "(--cross-entropy-loss-fusion)."))
     if layout.pp > 1 and sched not in ("1f1b", "interleaved_1f1b"):
         out.append(Problem("schedule.name", f"Megatron-LM has no {sched} schedule: it runs 1F1B, interleaved when "
                            f"a rank holds several virtual stages (megatron/core/pipeline_parallel/schedules.py).",
@@ -180,6 +194,7 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
             f"--seq-length={tr['seq_len']}", f"--max-position-embeddings={tr['seq_len']}",
             f"--train-iters={tr['steps']}", f"--seed={tr['seed']}"]
     out += _model_args(m, lay, cfg["hardware"]["gpus_per_node"], tr["mtp_depth"])
+    out += CROSS_ENTROPY.get(cfg["stack"]["cross_entropy"], [])  # the loss's kernels the plan priced
     if tr["precision"] != Precision.fp32.value:
         out.append("--bf16")
     if tr["precision"] == Precision.fp8.value:

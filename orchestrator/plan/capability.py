@@ -40,6 +40,11 @@ def runtime_problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"sequence (orchestrator/train/model.py _GatherSeq; reduced back in the backward), not "
                            f"{spec.stack.cp_comm.value}.", f"set stack.cp_comm=all_gather, or launcher=dry to plan "
                            f"{spec.stack.cp_comm.value}."))
+    if spec.stack.runtime and spec.stack.cross_entropy.value != "torch":
+        out.append(Problem("stack.cross_entropy", f"the runtime's loss is torch's cross_entropy on fp32 logits, eager "
+                           f"(orchestrator/train/trainer.py loss_fn), not {spec.stack.cross_entropy.value}'s kernels.",
+                           f"set stack.cross_entropy=torch, or launcher=dry to plan "
+                           f"{spec.stack.cross_entropy.value}."))
     if layout.chunk_layers is not None:
         out.append(Problem("stack.pipeline_accounting", f"the embedding and the loss take a layer's place in "
                            f"the pipeline split ({spec.stack.pipeline_accounting.value}); the runtime fills its "

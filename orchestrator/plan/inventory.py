@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from orchestrator.plan.kernels import LOW_PRECISION
+from orchestrator.plan.kernels import LOSSES, LOW_PRECISION
 from orchestrator.plan.stages import Stage, buffer_grad_bytes, held
 from orchestrator.plan.layout import Layout
 
@@ -38,9 +38,11 @@ def fmt_bytes(b: float) -> str:
     return f"{b:.0f} B"
 
 
-# FP8 training caches the inputs of linear layers in one byte instead of two; they are
-# most of a layer's activations, so the whole is taken as 0.6 of the bf16 figure. MXFP8 and NVFP4
-# runs are taken as FP8's (NVFP4's wgrad copy is re-quantised after its Hadamard transform: no less).
+# FP8 training with Transformer Engine caches the inputs of linear layers in one byte instead of
+# two; they are most of a layer's activations, so the whole is taken as 0.6 of the bf16 figure. MXFP8
+# and NVFP4 runs are taken as FP8's (NVFP4's wgrad copy is re-quantised after its Hadamard transform:
+# no less). Stacks that save the bf16 inputs and cast again in backward (torchao's Float8Linear,
+# torchtitan's float8) keep the bf16 figure: stack.fp8_saves_fp8=false.
 FP8_ACT = 0.6
 
 
@@ -98,11 +100,15 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
         optimizer = tr.optimizer_bytes * held(st, d, 1)
         act_tok = st.act_tok
     tokens = tr.seq_len / c * tr.micro_batch
-    acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if tr.precision.value in LOW_PRECISION else 1.0)
+    stack = getattr(spec, "stack", None)
+    fp8_saved = tr.precision.value in LOW_PRECISION and getattr(stack, "fp8_saves_fp8", True)
+    acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if fp8_saved else 1.0)
     if tr.recompute == "full" and st.act_tok_layer_max:
         acts += st.act_tok_layer_max * tokens / t  # one layer re-materialised during backward
     if st.outputs or (mirror is not None and mirror.outputs):
-        acts += 2 * 4.0 * tokens * vocab / t  # fp32 logits and their gradient
+        # the loss over the vocabulary at its peak: what its kernels keep of the logits (kernels.LOSSES)
+        loss = getattr(stack, "cross_entropy", None)
+        acts += LOSSES[loss.value if loss is not None else "torch"].peak_bytes * tokens * vocab / t
     # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched): a
     # layer each, or where the stack gathers per submodule (stack.zero3_gathers_per_layer > 1,
     # DeepSpeed) the largest submodule, about a third of a layer (an MLP linear's 4h^2 of 12h^2).

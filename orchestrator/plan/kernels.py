@@ -15,7 +15,8 @@ every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
                   bytes with block scales; NVFP4's wgrad inputs Hadamard-transformed)
            + elementwise x memory-bound bytes / HBM                   norms, residuals, rotary,
                                                                       activation, dropout, MoE
-                                                                      permutes, FP8 casts, loss
+                                                                      permutes, FP8 casts, the
+                                                                      loss (its kernels the stack's)
                                                                       (op by op in PyTorch eager:
                                                                       EAGER, stack.fused_elementwise)
            + (1 + 2.5 / 0.7) x attention-core forward FLOPs           flash attention (causal; its
@@ -212,6 +213,7 @@ class Shape:
     attn_speed: float = 1.0  # the attention kernel's speed relative to the fitted fused kernels
     bf16_share: float = 0.0  # of the layers, those a low-precision run keeps in BF16 (training.bf16_layers)
     sp_relayout: bool = False  # TP collectives re-lay whole activations (stack.activation_layout; sp_copies)
+    loss: str = "torch"  # the loss's kernels (stack.cross_entropy; LOSSES)
 
 
 def _gemm(M: float, N: float, K: float, lowp: bool, shape: Shape, passes: float = 3.0) -> Features:
@@ -248,9 +250,42 @@ def _elem(elements: float, shape: Shape) -> Features:
 # - rotary embedding as torchtitan writes it (float, view_as_complex, mul, view_as_real,
 #   type_as): forward and backward 10 each against the fused 4 -> 16 more per rotated element
 #   (4 x the fused count).
-# - cross-entropy on fp32 logits (float, log_softmax, nll and their backward): 18 against 8 -> 10.
 # Bytes / HBM bandwidth, as the fused work (hardware.hbm_gbps: the GPU's datasheet figure).
-EAGER = {"rmsnorm": 46.0, "swiglu": 6.0, "rope": 4.0, "loss": 10.0}
+# (The loss is its own table, LOSSES: which kernels run it is the stack's stack.cross_entropy.)
+EAGER = {"rmsnorm": 46.0, "swiglu": 6.0, "rope": 4.0}
+
+# The loss over the vocabulary, by the implementation the stack runs (stack.cross_entropy), from the
+# output layer's bf16 logits to the bf16 gradient its backward takes: the logit-sized elements moved
+# per logit, forward + backward, in 2-byte units (an fp32 tensor counts 2), and the most logit-sized
+# memory alive at once, bytes per logit (the inventory's last stage). Counted on each one's own code
+# by tests/loss_bytes.py (tests/test_step_bytes.py), but for te:
+# - torch: F.cross_entropy(logits.float()) in eager (torchtitan, this runtime): the cast (1 read, 2
+#   written), log_softmax (2, 2), nll_loss's backward writing the one-hot gradient (2),
+#   log_softmax's backward (4, 2) and the cast back (2, 1): 18; the fp32 log-probabilities saved for
+#   backward, the one-hot and log_softmax's fp32 gradient at once: 12 bytes.
+# - inductor: the same through torch.compile (torchtitan compiles the loss since 2025: its
+#   components/loss.py): one fused kernel each way, Inductor's own count of what its fused nodes read
+#   and write: 4; it saves the bf16 logits for backward, which writes the bf16 gradient: 4 bytes.
+# - megatron: Megatron-Core's vocab_parallel_cross_entropy (tensor_parallel/cross_entropy.py; the
+#   default, --cross-entropy-loss-fusion off): cast to fp32, max, in-place subtract, exp, sum and
+#   divide forward (19), the in-place multiply by the loss's gradient and autograd's cast back to the
+#   logits' bf16 backward (7): 26; the fp32 softmax beside the bf16 logits, then the gradient: 6 bytes.
+# - megatron_fused: the same algorithm in four jit-fused regions (fusions/fused_cross_entropy.py,
+#   cross_entropy_loss_fusion with the native impl), each reading its inputs and writing its outputs
+#   once: 14; 6 bytes.
+# - te: Transformer Engine's Triton kernels (pytorch/triton/cross_entropy.py, cross_entropy_fusion_impl
+#   "te", Megatron-Bridge's performance recipes): an online-softmax pass and a loss pass that read the
+#   bf16 logits and write the fp32 gradient (4), backward an in-place multiply by the per-token loss
+#   gradient (4) and autograd's cast to bf16 (3): 11; the fp32 gradient beside the logits: 6 bytes.
+#   Read from its code (Triton does not run here).
+@dataclass(frozen=True)
+class Loss:
+    elements: float  # moved per logit, fwd + bwd, 2-byte units
+    peak_bytes: float  # logit-sized memory alive at once, bytes per logit
+
+
+LOSSES = {"torch": Loss(18.0, 12.0), "inductor": Loss(4.0, 4.0), "megatron": Loss(26.0, 6.0),
+          "megatron_fused": Loss(14.0, 6.0), "te": Loss(11.0, 6.0)}
 
 
 @lru_cache(maxsize=4096)
@@ -381,11 +416,11 @@ def sp_copies(mb: int, op_sac: bool, full: bool) -> float:
 
 
 def output_features(mm: ModelMath, s: Shape) -> Features:
-    """The output layer and the loss on the last stage (kept in bf16 by FP8 recipes)."""
+    """The output layer (kept in bf16 by FP8 recipes) and the loss on the last stage, its kernels the
+    stack's (LOSSES)."""
     V = mm.V / s.t
     g = _gemm(s.tokens, V, mm.h, False, s)
-    # fp32 logits: softmax forward and its gradient
-    return g + _elem((8.0 + (EAGER["loss"] if s.eager else 0.0)) * s.tokens * V, s)
+    return g + _elem(LOSSES[s.loss].elements * s.tokens * V, s)
 
 
 def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
@@ -407,6 +442,7 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
         sp_relayout=(stack.activation_layout.value == "bsh" and d.tp > 1
                    and bool(spec.layout.sequence_parallel) and not stack.tp_overlap > 0
                    and hw.device.value != "cpu"),  # on a CPU the probe's per-call time holds them
+        loss=stack.cross_entropy.value,
         attn_speed=(_clamp(hw.flash2_speed, 1e-3, 1.0, 1.0)
                     if stack.attention_kernel.value == "flash2" else 1.0))
 

@@ -118,6 +118,16 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
         out.append(Problem("training.recompute_layers", "torchtitan recomputes every block (mode=full) or every "
                            "N-th (selective_ac_option=N), not the first N of each chunk.",
                            "unset training.recompute_layers."))
+    if spec.stack.cross_entropy.value not in ("torch", "inductor"):
+        out.append(Problem("stack.cross_entropy", f"torchtitan's loss is torch's cross_entropy, eager or compiled; the "
+                           f"plan prices {spec.stack.cross_entropy.value}'s kernels.",
+                           "set stack.cross_entropy=torch (eager) or inductor (torch.compile'd with the model)."))
+    if layout.tp > 1 and spec.stack.tp_overlap > 0 and not spec.stack.fused_elementwise:
+        out.append(Problem("stack.tp_overlap, stack.fused_elementwise", f"async TP (stack.tp_overlap="
+                           f"{spec.stack.tp_overlap}) runs only on a torch.compile'd model in torchtitan (0.2: "
+                           f"maybe_enable_async_tp, 0.3: CompileConfig refuse it without 'model' in "
+                           f"compile.components); the plan prices an eager one.",
+                           "set stack.fused_elementwise=true (the model compiled), or stack.tp_overlap=0."))
     if tr.precision in (Precision.mxfp8, Precision.nvfp4):
         out.append(Problem("training.precision", f"the rendering has no {tr.precision.value} arguments (it "
                            f"writes --model.converters=float8 for fp8).", "put torchtitan's MX converter "

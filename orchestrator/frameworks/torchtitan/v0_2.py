@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.errors import Problem
-from orchestrator.frameworks.torchtitan.common import checkpoint_words
+from orchestrator.frameworks.torchtitan.common import checkpoint_words, compiled
 from orchestrator.config.schema import Config
 
 LINE = "0.2"
@@ -68,6 +68,12 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path, par: dict, train: dic
     out += [f"--parallelism.{k}={v}" for k, v in par.items()]
     if plan_json["layout"]["cp"] > 1:  # the method the plan priced (a2a: refused by problems)
         out.append(f"--parallelism.context_parallel_rotate_method={ROTATE[cfg['stack']['cp_comm']]}")
+    # job_config.py Compile (enable, components) and Parallelism.enable_async_tensor_parallel, said either
+    # way: a config file or trainer.args may have turned them on
+    parts, async_tp = compiled(cfg["stack"], plan_json["layout"]["tp"])
+    out += ["--compile.enable", "--compile.components", *parts] if parts else ["--compile.no-enable"]
+    out.append("--parallelism.enable_async_tensor_parallel" if async_tp else
+               "--parallelism.no-enable_async_tensor_parallel")
     out += [f"--training.{k}={v}" for k, v in train.items()] + [f"--training.seed={tr['seed']}"]
     if tr["precision"] == "fp8":
         out.append("--model.converters=float8")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.errors import Problem
-from orchestrator.frameworks.torchtitan.common import checkpoint_words
+from orchestrator.frameworks.torchtitan.common import checkpoint_words, compiled
 from orchestrator.config.schema import Config, Precision
 
 LINE = "0.3"
@@ -101,6 +101,12 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path, par: dict, train: dic
     out += [f"--parallelism.{k}={v}" for k, v in par.items()]
     if parts:
         out += ["--parallelism.module_fqns_per_model_part", *(",".join(p) for p in parts)]
+    # config/configs.py CompileConfig (enable, components, enable_async_tensor_parallel), said either way:
+    # registry entries turn compile on (llama3_405b_float8: model and loss)
+    components, async_tp = compiled(cfg["stack"], lay["tp"])
+    out += ["--compile.enable", f"--compile.components={','.join(components)}"] if components else \
+        ["--compile.no-enable"]
+    out.append("--compile.enable_async_tensor_parallel" if async_tp else "--compile.no-enable_async_tensor_parallel")
     out += [f"--training.{k}={v}" for k, v in train.items()] + [f"--debug.seed={tr['seed']}"]
     if lay["pp"] > 1 or lay["ep"] > 1:
         out.append("--training.disable_cuda_graphs")
