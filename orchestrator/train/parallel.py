@@ -262,7 +262,7 @@ def clip_grad_norm(parts, max_norm: float, pp_group=None) -> torch.Tensor:
     device = next((g.device for gs in groups.values() for g in gs), torch.device("cpu"))
     squares = torch.zeros((), dtype=torch.float32, device=device)
     for grads in groups.values():
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)  # one kernel per device and dtype
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         squares += norm.to(device, torch.float32) ** 2
