@@ -2,8 +2,8 @@
 from them) on the command lines trainer=megatron renders, over the recipes and a spread of dense
 and MoE layouts on every GPU generation the presets name. Prints, per configuration, whether
 Megatron-LM accepts the line and reads back the plan's TP, PP, VP, CP, EP, ETP, DP, micro and
-global batch, layer split and, with CP, the CP communication (TransformerConfig.cp_comm_type, the
-method Transformer Engine's attention runs), then the count.
+global batch, gradient clip (training.max_norm), layer split and, with CP, the CP communication
+(TransformerConfig.cp_comm_type, the method Transformer Engine's attention runs), then the count.
 
 Run: .venv/bin/python benchmarks/megatron_validate.py [MEGATRON_LM_CHECKOUT]   (or $MEGATRON_LM)
 Without a checkout it says so and exits 0. Megatron-LM runs in this process on the CPU, with:
@@ -56,7 +56,8 @@ TEMPLATES = [
      "training.global_batch=128", "layout.zero=1"],
     ["model=tiny_moe", "cluster.nodes=4", "layout.ep=4", "layout.tp=2", "layout.zero=3", "training.global_batch=128"],
     ["model=tiny_moe", "cluster.nodes=2", "layout.ep=8", "training.precision=fp32", "training.global_batch=64",
-     "model.moe.score=softmax", "model.moe.bias_update_speed=0", "model.moe.aux_loss_coef=1e-4"],
+     "model.moe.score=softmax", "model.moe.bias_update_speed=0", "model.moe.aux_loss_coef=1e-4",
+     "training.max_norm=0"],  # no clip: --clip-grad=0.0
     ["model=llama3_8b", "cluster.nodes=4", "layout.tp=2", "layout.cp=4", "training.recompute=selective",
      "training.seq_len=32768", "training.global_batch=32"],
     ["model=tiny_moe", "cluster.nodes=4", "layout.ep=16", "layout.tp=1", "model.moe.experts=32",
@@ -103,13 +104,16 @@ def split_of(args) -> list[int]:
 
 
 def readback(args, config, pj: dict) -> dict:
+    from orchestrator.config.schema import clip_norm
+
     lay = pj["layout"]
     got = {"tp": args.tensor_model_parallel_size, "pp": args.pipeline_model_parallel_size,
            "vp": args.virtual_pipeline_model_parallel_size or 1, "cp": args.context_parallel_size,
            "ep": args.expert_model_parallel_size, "dp": args.data_parallel_size, "micro_batch": args.micro_batch_size,
-           "global_batch": args.global_batch_size}
+           "global_batch": args.global_batch_size, "clip_grad": args.clip_grad}
     want = {k: lay[k] for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch")}
     want["global_batch"] = pj["config"]["training"]["global_batch"]
+    want["clip_grad"] = clip_norm(pj["config"]["training"]["max_norm"], pj["config"]["stack"]["grad_clip"])
     if lay["ep"] > 1:
         got["etp"], want["etp"] = args.expert_tensor_parallel_size, lay["etp"]
     fused = pj["config"]["stack"]["cross_entropy"] == "megatron_fused"  # the loss's kernels planned

@@ -4,7 +4,9 @@ Adam hides a gradient that is off by a constant factor (its update is scale-free
 eps), and the loss moves little in a few steps. So these runs use a large adam_eps, and
 the parity checks compare the weights after 4 steps as well as the losses: an expert
 gradient averaged over the wrong group then shows in the weights by orders of magnitude
-more than the tolerance."""
+more than the tolerance. Every run clips the gradients' global norm at MAX_NORM, below the
+tiny MoE's (about 0.42 to 0.51): with the large eps the clip moves the weights, and each run's
+norm is compared with the single process's (experts sharded over EP and edp, stages, TP, CP)."""
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 
 from conftest import failovers, losses_by_step, run_cli, run_cli_here
 
-COMMON = ["hardware=cpu", "model=tiny_moe", "launcher=local", "figures=false", "training.adam_eps=0.01"]
+MAX_NORM = 0.3
+COMMON = ["hardware=cpu", "model=tiny_moe", "launcher=local", "figures=false", "training.adam_eps=0.01",
+          f"training.max_norm={MAX_NORM}"]
 
 
 def run(tmp: Path, name: str, *overrides: str, expect: int = 0):
@@ -66,6 +70,18 @@ def reference(ref_dir):
 
 
 @pytest.fixture(scope="module")
+def ref_norms(ref_dir):
+    return metrics(ref_dir, "single")["grad_norm"]
+
+
+def _same_norms(got: list[float], want: list[float]) -> None:
+    """The global gradient norm of each step as the single process's, and above the clip (it binds)."""
+    assert got and len(got) <= len(want)
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert a == pytest.approx(b, rel=1e-5) and a > MAX_NORM, (step, a, b)
+
+
+@pytest.fixture(scope="module")
 def ref_weights(ref_dir):
     """The reference's tensors at step 4 and at step 2 (read once for the file)."""
     return weights(ref_dir, "single"), weights(ref_dir, "single", 2)
@@ -92,18 +108,19 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_moe_layout_matches_single_process(tmp_path, ref_weights, reference, name):
+def test_moe_layout_matches_single_process(tmp_path, ref_weights, reference, ref_norms, name):
     overrides = LAYOUTS[name]
-    ref, own_weights = reference, None
+    ref, norms, own_weights = reference, ref_norms, None
     if "model.moe.dense_layers=0" in overrides:  # a different model: its own reference
         run(tmp_path, "single", "cluster.nodes=1", "hardware.gpus_per_node=1", "training.steps=4",
             "model.moe.dense_layers=0", *SAVE)
-        ref, own_weights = metrics(tmp_path, "single")["loss"], (weights(tmp_path, "single"),
-                                                                 weights(tmp_path, "single", 2))
+        ref, norms, own_weights = (metrics(tmp_path, "single")["loss"], metrics(tmp_path, "single")["grad_norm"],
+                                   (weights(tmp_path, "single"), weights(tmp_path, "single", 2)))
     run(tmp_path, name, *overrides, "training.steps=4", *SAVE)
     got = metrics(tmp_path, name)["loss"]
     assert len(got) == 4
     _same(got, ref)
+    _same_norms(metrics(tmp_path, name)["grad_norm"], norms)
     assert got[-1] < got[0]
     want, earlier = own_weights or ref_weights
     _same_weights(weights(tmp_path, name), want, earlier)
@@ -129,13 +146,15 @@ def test_contract_command_trains_and_checkpoints_reshard_across_ep(tmp_path, ref
             assert after[step] == pytest.approx(reference[step], rel=1e-5), (name, step)
 
 
-def test_experts_sharded_over_edp_match_and_report_load_and_traffic(tmp_path, ref_weights, reference):
+def test_experts_sharded_over_edp_match_and_report_load_and_traffic(tmp_path, ref_weights, reference, ref_norms):
     """EP2 over DP4 on 2 x 2: edp = 2, the experts FSDP-sharded over the expert data-parallel
-    group. Losses and weights as the single process; TensorBoard shows the load and traffic."""
+    group. Losses, gradient norms and weights as the single process; TensorBoard shows the load
+    and traffic."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run(tmp_path, "tb", "cluster.nodes=2", "hardware.gpus_per_node=2", "layout.ep=2", "training.steps=4", *SAVE)
     _same(metrics(tmp_path, "tb")["loss"], reference)
+    _same_norms(metrics(tmp_path, "tb")["grad_norm"], ref_norms)
     _same_weights(weights(tmp_path, "tb"), *ref_weights)
     rd = tmp_path / "tb" / "run"
     acc = EventAccumulator(str(rd / "tensorboard"), size_guidance={"scalars": 0}).Reload()

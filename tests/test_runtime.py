@@ -20,9 +20,18 @@ def train(tmp_path: Path, name: str, *overrides: str) -> dict:
     return json.loads((tmp_path / name / "run" / "metrics.json").read_text())
 
 
+# A clip that binds: the tiny model's global gradient norm is about 0.45 to 0.7 over these steps.
+# Adam's update hardly changes under a gradient scaled by a constant, so the losses alone would not
+# see a wrong norm; every run's norm is compared with the single process's, every stage and shard
+# of the model counted once (train/parallel.clip_grad_norm).
+MAX_NORM = 0.3
+CLIP = [f"training.max_norm={MAX_NORM}"]
+
+
 @pytest.fixture(scope="module")
-def reference(tiny_losses):
-    return tiny_losses[:3]
+def reference(tmp_path_factory):
+    """One process, the clip binding: its losses and gradient norms."""
+    return train(tmp_path_factory.mktemp("clipped"), "single", "cluster.nodes=1", "hardware.gpus_per_node=1", *CLIP)
 
 
 # Each layout covers what no other one does; together every axis, every schedule, both
@@ -53,10 +62,13 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parallel_run_matches_single_process(tmp_path, reference, name):
-    got = train(tmp_path, name, *LAYOUTS[name])
-    assert len(got["loss"]) == len(reference) == 3
-    for step, (a, b) in enumerate(zip(got["loss"], reference)):
+    """Losses and the global gradient norm (clipped at MAX_NORM, which it exceeds) of one process."""
+    got = train(tmp_path, name, *LAYOUTS[name], *CLIP)
+    assert len(got["loss"]) == len(reference["loss"]) == len(got["grad_norm"]) == 3
+    for step, (a, b) in enumerate(zip(got["loss"], reference["loss"])):
         assert a == pytest.approx(b, rel=1e-5), (name, step, a, b)
+    for step, (a, b) in enumerate(zip(got["grad_norm"], reference["grad_norm"])):
+        assert a == pytest.approx(b, rel=1e-5) and a > MAX_NORM, (name, step, a, b)
     assert got["loss"][-1] < got["loss"][0]  # it trains
 
 
@@ -107,13 +119,16 @@ def test_gelu_tied_embeddings_under_tensor_parallelism_and_tensorboard_events(tm
     tags = set(acc.Tags()["scalars"])
     for tag in ("loss/train", "time/step_s", "throughput/tokens_per_s", "perf/tflops_per_gpu",
                 "perf/tflops_per_gpu_predicted", "perf/mfu", "perf/mfu_predicted", "memory/max_rss_mb",
-                "memory/rank0_mb", "memory/rank1_mb"):
+                "memory/rank0_mb", "memory/rank1_mb", "grad/norm"):
         assert tag in tags, tag
     assert len(acc.Scalars("loss/train")) == 3
     assert "plan/text_summary" in acc.Tags()["tensors"]  # the plan itself, as text
     text = acc.Tensors("plan/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "TP2 CP1 PP1 DP1" in text
     assert [e.value for e in acc.Scalars("loss/train")] == pytest.approx(got["loss"], rel=1e-6)
+    # the global gradient norm (training.max_norm=1.0 by default: it clips, so it reports the norm)
+    assert [e.value for e in acc.Scalars("grad/norm")] == pytest.approx(got["grad_norm"], rel=1e-6)
+    assert got["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-5)
 
 
 def test_killing_one_rank_stops_the_job_and_names_it(tmp_path):

@@ -64,6 +64,7 @@ def test_step_features_prices_the_bytes_torch_moves(counted):
     gradient reduce; 2 ranks sharding one copy, the toy's micro-batches): step_features' bytes are
     the ones counted (fused AdamW, the clip, FSDP2's copy-out and copy-in)."""
     from orchestrator import compose
+    from orchestrator.config.schema import clip_norm
     from orchestrator.plan.kernels import step_features
     from orchestrator.plan.plan import shape_plan
 
@@ -76,7 +77,8 @@ def test_step_features_prices_the_bytes_torch_moves(counted):
     assert spec.stack.gather_copy_out and (spec.stack.grad_reduce_bytes or spec.stack.grad_bytes) == \
         counted["reduce_bytes"]
     st = replace(shaped.stages[0], params=float(counted["unsharded_elems"]), expert_params=0.0)
-    got = step_features(st, d, spec.stack, hbm=1.0).elem
+    clip = clip_norm(spec.training.max_norm, spec.stack.grad_clip) > 0  # torchtitan's default: 1.0
+    got = step_features(st, d, spec.stack, hbm=1.0, clip=clip).elem
     torch_bytes = (_bytes(counted["fused"]["adamw"]) + _bytes(counted["fused"]["clip"])
                    + _bytes(counted["fsdp"]))
     assert got == pytest.approx(torch_bytes, rel=1e-12), (got, torch_bytes)
@@ -193,3 +195,16 @@ def test_torchtitans_float8_saves_bf16_inputs_and_the_plan_holds_them_so():
     bf16, fp8 = memory_only(spec), memory_only(compose(te + ["training.precision=fp8"]))
     loss = LOSSES["megatron"].peak_bytes * spec.training.seq_len * spec.training.micro_batch * spec.model.vocab
     assert fp8.activations - loss == pytest.approx(FP8_ACT * (bf16.activations - loss), rel=1e-9)
+
+
+def test_the_clip_is_priced_where_the_run_clips():
+    """training.max_norm=0 (or a stack that never clips) takes the clip out of the step the plan
+    prices, for this runtime as for Megatron-LM: the optimizer step reads the gradients once less."""
+    from conftest import plan_of
+
+    run = ["hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=1", "layout.tp=8", "training.global_batch=8"]
+    for stack in ("orchestrator", "megatron_core"):
+        clipped = plan_of(*run, f"stack={stack}").step.wall_s
+        off = plan_of(*run, f"stack={stack}", "training.max_norm=0").step.wall_s
+        assert off < clipped, (stack, off, clipped)
+        assert plan_of(*run, f"stack={stack}", "stack.grad_clip=false").step.wall_s == off

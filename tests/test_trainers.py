@@ -109,6 +109,10 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
     p = plan_of(*tiny, "stack.cp_comm=p2p")  # this runtime all-gathers K/V (train/model.py _GatherSeq)
     assert [e.key for e in p.errors] == ["stack.cp_comm"] and "all_gather" in p.errors[0].fix, p.errors
     assert plan_of(*tiny).valid
+    # torchtitan clips every step (max_norm 0 would zero the gradients); Megatron-LM's --clip-grad=0 turns it off
+    p = plan_of(*SMALL, "trainer=torchtitan", "layout.tp=2", "training.max_norm=0")
+    assert [e.key for e in p.errors] == ["training.max_norm"] and "training.max_norm > 0" in p.errors[0].fix, p.errors
+    assert plan_of(*SMALL, "trainer=megatron", "layout.tp=2", "training.max_norm=0").valid
     for trainer in ("torchtitan", "megatron"):  # both save to a file system path, not an object store
         p = plan_of(*SMALL, f"trainer={trainer}", "layout.tp=2", "training.checkpoint.dir=s3://bucket/run")
         assert [e.key for e in p.errors] == ["training.checkpoint.dir"] and "s3://bucket/run" in p.errors[0].message
@@ -215,7 +219,7 @@ TT_CASES = [
     # (full recompute: torchao's float8 layers keep bf16 activations, too many for the recipe's selective)
     ("deepseek_v3", ["recipe=deepseek_v3", "launcher=slurm", "schedule=dualpipev", "layout.zero=2",
                      "training.mtp_depth=0", "training.recompute=full"], ("0.2", "0.3")),
-    ("tp2", [*SMALL, "layout.tp=2", "training.checkpoint.every=10"], ("0.2", "0.3")),
+    ("tp2", [*SMALL, "layout.tp=2", "training.checkpoint.every=10", "training.max_norm=0.5"], ("0.2", "0.3")),
     ("tp2pp2_dualpipev", [*SMALL, "layout.tp=2", "layout.pp=2", "schedule=dualpipev",
                           "training.recompute=selective"], ("0.2", "0.3")),
     ("tp2pp2_1f1b_order", [*SMALL, "layout.tp=2", "layout.pp=2", "layout.order=[tp,dp,pp]"], ("0.2", "0.3")),
@@ -357,6 +361,7 @@ def test_torchtitan_parses_every_rendered_line_and_reads_back_the_plan(torchtita
             (lay["tp"], lay["cp"], lay["pp"], lay["ep"], shard, repl), cid
         assert got["global_batch"] == tr["global_batch"] and got["seq_len"] == tr["seq_len"], cid
         assert got["steps"] == tr["steps"] and got["seed"] == tr["seed"], cid
+        assert got["max_norm"] == tr["max_norm"] > 0, cid  # the clip the plan prices (training.max_norm)
         assert got["fp8"] == (tr["precision"] == "fp8"), cid
         stack = pj["config"]["stack"]  # torch.compile where the plan prices compiled kernels, async TP on top
         assert got["compile"] == sorted((["model"] if stack["fused_elementwise"] else [])

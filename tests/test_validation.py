@@ -104,6 +104,8 @@ INVALID = [
     (["model=llama3_8b", "layout.order=[tp,dp,tp]"], "layout.order", "[2]='tp': named before"),
     (["model=llama3_8b", "layout.dp=many"], "layout.dp", "positive integer or 'auto'"),
     (["model=llama3_8b", "cluster.nodes=0"], "cluster.nodes", "must be positive"),
+    (["model=llama3_8b", "training.max_norm=-1"], "training.max_norm", "0 <= training.max_norm"),
+    (["model=llama3_8b", "training.max_norm=nan"], "training.max_norm", "got nan"),
     (["model=llama3_8b", "cluster.nodes=4", "layout.pp=4", "layout.stage_layers=[8,8,8]"],
      "layout.stage_layers", "it has 3 entries, layout.pp=4 stages need one each"),
     (["model=llama3_8b", "cluster.nodes=2", "layout.ep=1", "model.moe.experts=8", "model.moe.experts_per_token=2",
@@ -201,6 +203,34 @@ def test_cli_rejects_a_value_that_makes_no_config_with_exit_2(cli, value):
     r = cli("recipe=megatron_1t", value, "figures=false")
     assert r.returncode == 2, r.stderr
     assert "internal error" not in r.stderr + r.stdout and value.split("=")[0] in r.stderr
+
+
+def test_cli_refuses_a_boolean_given_a_number_with_exit_2(cli):
+    """OmegaConf would take 3 for true and 0 for false without a word: the schema's booleans take
+    true or false (a launcher's too), every one named with its value."""
+    r = cli("stack.grad_clip=3", "layout.sequence_parallel=0", "launcher=slurm", "launcher.submit=1", "figures=false")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr + r.stdout and "nothing was launched" in r.stderr
+    for key, value in (("stack.grad_clip", "3"), ("layout.sequence_parallel", "0"), ("launcher.submit", "1")):
+        assert f"[{key}] is a boolean, got {value}." in r.stderr and f"{key}=true or {key}=false" in r.stderr, key
+
+
+def test_a_boolean_in_a_preset_or_a_mapping_takes_true_or_false_only(tmp_path):
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+    from orchestrator.config.errors import ConfigError
+
+    (tmp_path / "layout").mkdir()
+    (tmp_path / "layout" / "mine.yaml").write_text("tp: 2\nsequence_parallel: 2\n")
+    with pytest.raises(ConfigError) as err:  # a site's preset (--config-dir), as written in its file
+        compose(["layout=mine", "layout.sequence_parallel=on"], config_dir=str(tmp_path))
+    assert [(p.key, p.message) for p in err.value.problems] == [
+        ("layout.sequence_parallel", "is a boolean, got 'on'."),
+        ("layout.sequence_parallel", "is a boolean, got 2 in the preset layout=mine.")]
+    with pytest.raises(ConfigError) as err:  # a plain mapping (plan.json's config)
+        typed({"stack": {"grad_clip": 0}})
+    assert [p.key for p in err.value.problems] == ["stack.grad_clip"]
+    assert compose(["stack.grad_clip=false", "layout.sequence_parallel=TRUE"]).stack.grad_clip is False
 
 
 def test_cli_misspelled_key_names_the_key(cli):

@@ -186,7 +186,7 @@ for case in cases:
                        "tp": par.tensor_parallel_degree, "cp": par.context_parallel_degree,
                        "pp": par.pipeline_parallel_degree, "ep": par.expert_parallel_degree,
                        "local_batch": tr.local_batch_size, "global_batch": tr.global_batch_size,
-                       "seq_len": tr.seq_len, "steps": tr.steps,
+                       "seq_len": tr.seq_len, "steps": tr.steps, "max_norm": tr.max_norm,
                        "micro_batch": par.pipeline_parallel_microbatch_size,
                        "schedule": par.pipeline_parallel_schedule,
                        "dump_folder": cfg.job.dump_folder if LINE == "0.2" else cfg.dump_folder,

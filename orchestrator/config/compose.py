@@ -69,13 +69,16 @@ def compose(overrides: list[str] | None = None, config_name: str = "config", hyd
     the good overrides, so the caller can report the planner's problems in the same go."""
     todo, problems = list(overrides or []), []
     app = hydra_app(config_dir)
+    bad = bool_overrides(todo)  # OmegaConf would turn 3 into true without a word
+    problems += [p for _, p in bad]
+    todo = [o for o in todo if o not in {line for line, _ in bad}]
     for _ in range(len(todo) + 1):
         try:
             cfg = _hydra_compose(app, todo, config_name)
             stack = trainer_stack(cfg, todo)
             if stack:  # trainer=torchtitan plans as stack=torchtitan unless stack= is given
                 cfg = _hydra_compose(app, todo + [f"stack={stack}"], config_name)
-            problems += unknown_keys(cfg)
+            problems += unknown_keys(cfg) + bool_presets(app, cfg)
             break
         except Exception as e:  # Hydra's and OmegaConf's errors become the project's own
             p = compose_problem(e, todo)
@@ -177,6 +180,103 @@ def unknown_keys(cfg: DictConfig) -> list[Problem]:
     top = {f.name for f in dataclasses.fields(Config)} | {"hydra"}
     out += [Problem(str(k), "is not a key of the config.", f"use one of {sorted(top - {'hydra'})}.")
             for k in cfg.keys() if k not in top]
+    return out
+
+
+def bool_problem(key: str, value: Any, where: str = "") -> Problem | None:
+    """A value for one of the schema's booleans that is not true or false (OmegaConf would take
+    3 or 'on' as true and 0 or 'no' as false); None when it is one, or the key is no boolean.
+    `where`: the preset it came from, when not the command line."""
+    if isinstance(value, bool) or value is None or not _is_bool_key(key):
+        return None
+    if isinstance(value, str) and (value.strip().lower() in ("true", "false") or "${" in value):
+        return None  # a quoted true/false, or an interpolation OmegaConf resolves and checks
+    return Problem(key, f"is a boolean, got {value!r}{where}.", f"set {key}=true or {key}=false.")
+
+
+def _is_bool_key(key: str) -> bool:
+    """Whether the dotted key is a boolean of the schema (a launcher's: of any launcher that has it)."""
+    schema: Any = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(schema):
+            return False
+        hint = _unwrap(type_hints(schema).get(part))
+        if hint is Any and schema is Config and part == "launcher" and i + 1 < len(parts):
+            return len(parts) == i + 2 and any(_unwrap(type_hints(sch).get(parts[i + 1])) is bool
+                                               for sch in LAUNCHER_SCHEMAS.values())
+        schema = hint
+    return schema is bool
+
+
+def _unwrap(hint: Any) -> Any:
+    """Optional[X] -> X."""
+    import typing
+
+    if typing.get_origin(hint) is typing.Union:
+        rest = [a for a in typing.get_args(hint) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else hint
+    return hint
+
+
+def _leaves(node: Any, prefix: str = ""):
+    """(dotted key, value) of every leaf of a nested dict (lists are leaves)."""
+    for k, v in node.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def bool_overrides(overrides: list[str]) -> list[tuple[str, Problem]]:
+    """(override, problem) for each command-line override that gives a boolean a non-boolean value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, out = OverridesParser.create(), []
+    for line in overrides:
+        try:
+            o = parser.parse_override(line)
+        except Exception:  # noqa: BLE001 - Hydra's own composition reports it
+            continue
+        if o.is_delete() or o.is_sweep_override():
+            continue
+        value = o.value()
+        found = ([bool_problem(f"{o.key_or_group}.{k}", v) for k, v in _leaves(value)]
+                 if isinstance(value, dict) else [bool_problem(o.key_or_group, value)])
+        out += [(line, p) for p in found if p is not None]
+    return out
+
+
+def bool_presets(app, cfg: DictConfig) -> list[Problem]:
+    """The same for the presets the composition chose (packaged, a recipe, a site's --config-dir),
+    read as written, before OmegaConf merged them onto the schema's booleans."""
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    return [p for group, option in choices.items() if not group.startswith("hydra/") and option is not None
+            for p in _preset_bools(app, group, option)]
+
+
+_preset_checked: dict = {}  # (--config-dir, group, option) -> its problems: a preset is read once per process
+
+
+def _preset_bools(app, group: str, option: str) -> list[Problem]:
+    key = (_app["dir"], group, option) if _app.get("hydra") is app else None
+    if key in _preset_checked:
+        return _preset_checked[key]
+    out = []
+    try:
+        loaded = app.config_loader.repository.load_config(f"{group}/{option}")
+    except Exception:  # noqa: BLE001 - a preset it composed from, read again: nothing new to say
+        loaded = None
+    if loaded is not None and isinstance(loaded.config, DictConfig):
+        package = (loaded.header or {}).get("package") or "_group_"
+        prefix = "" if package == "_global_" else f"{group.replace('/', '.')}." if package == "_group_" else \
+            f"{package.replace('_group_', group)}."
+        for k, value in _leaves(OmegaConf.to_container(loaded.config, resolve=False), prefix):
+            p = bool_problem(k, value, f" in the preset {group}={option}")
+            if p is not None:
+                out.append(p)
+    if key is not None:
+        _preset_checked[key] = out
     return out
 
 
@@ -293,6 +393,10 @@ def typed(cfg: Any) -> Config:
         return cfg
     try:
         if not (isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is Config):
+            raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+            problems = [p for k, v in (_leaves(raw) if isinstance(raw, dict) else ()) if (p := bool_problem(k, v))]
+            if problems:  # before the merge turns them into booleans
+                raise ConfigError(problems)
             present = ["launcher", *cfg.keys()] if isinstance(cfg, (dict, DictConfig)) else ["launcher"]
             cfg = OmegaConf.merge(hydra_schema(present), _with_launcher_schema(cfg))  # the launcher: typed by name
         problems = unknown_keys(cfg)

@@ -336,8 +336,10 @@ class StackConfig:
     # bf16 copy of the weights refreshed from the optimizer's fp32 master once a step (Megatron's
     # DDP and distributed optimizer). plan/kernels.step_features.
     gather_copy_out: bool = False
-    # The optimizer step first clips the gradients' global norm (Megatron: --clip-grad 1.0; torchtitan:
-    # max_norm 1.0): a read of every gradient and a scale (plan/kernels.CLIP_BYTES). This runtime does not.
+    # The optimizer step clips the gradients' global norm at training.max_norm (Megatron: --clip-grad,
+    # torchtitan: training.max_norm, this runtime: train/parallel.clip_grad_norm): a read of every
+    # gradient and a scale (plan/kernels.CLIP_BYTES), once a step, when training.max_norm > 0
+    # (Config.clips). False: a stack that never clips, whatever training.max_norm says.
     grad_clip: bool = True
 
 
@@ -448,6 +450,10 @@ class TrainingConfig:
     log_every: int = 1
     data: Optional[str] = None  # fsspec URL of a flat token file (uint16); None = synthetic stream
     adam_eps: float = 1e-8
+    # The optimizer step first scales the gradients so their global L2 norm (the whole model's, over
+    # every parallel dimension) is at most this (torchtitan: training.max_norm, Megatron-LM:
+    # --clip-grad; both default 1.0); 0 = no clipping. Priced where the stack clips (stack.grad_clip).
+    max_norm: float = 1.0
     flash_attention: bool = True
     # The global batch's micro-batches may split unevenly over the data-parallel replicas (the
     # first global_batch/micro_batch % dp replicas take one more; gradients weighted so the update
@@ -664,6 +670,18 @@ class Config:
     published: Optional[PublishedConfig] = None
     recipe_name: Optional[str] = None
     figures: bool = True
+
+    def clip_norm(self) -> float:
+        """The global gradient norm the optimizer step clips at (0: no clip), `clip_norm`."""
+        return clip_norm(self.training.max_norm, self.stack.grad_clip)
+
+
+def clip_norm(max_norm: float, grad_clip: bool) -> float:
+    """The one definition of whether and where a run clips its gradients' global norm: at
+    training.max_norm where the stack clips (stack.grad_clip), else 0 (no clip). The planner prices
+    the clip when it is > 0 (plan/kernels.step_features), the runtime clips at it (train/trainer.py)
+    and the renderers pass it on (Megatron-LM --clip-grad, torchtitan training.max_norm)."""
+    return float(max_norm) if grad_clip and max_norm > 0 else 0.0
 
 
 # The config groups: the option chosen on the command line is merged onto the bare class (Hydra's

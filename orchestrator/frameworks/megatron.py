@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.errors import Problem
-from orchestrator.config.schema import Config, MLP, Precision, Recompute
+from orchestrator.config.schema import Config, MLP, Precision, Recompute, clip_norm
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.topology import RankGrid
 
@@ -34,6 +34,7 @@ CITED = {
     "--use-distributed-optimizer": f"{ARGS}:3156", "--use-megatron-fsdp": f"{CC}:92",
     "--data-parallel-sharding-strategy": f"{ARGS}:3190", "--use-tp-pp-dp-mapping": f"{CC}:105",
     "--save": f"{TRC}:395", "--load": f"{TRC}:430", "--save-interval": f"{TRC}:398", "--seed": f"{CC}:10",
+    "--clip-grad": f"{ARGS}:2615",
     "--num-layers": f"{TC}:65", "--hidden-size": f"{TC}:145", "--ffn-hidden-size": f"{TC}:180",
     "--num-attention-heads": f"{TC}:148", "--group-query-attention": f"{ARGS}:2382", "--num-query-groups": f"{TC}:175",
     "--kv-channels": f"{TC}:184", "--swiglu": f"{ARGS}:2450", "--untie-embeddings-and-output-weights": f"{ARGS}:2460",
@@ -192,7 +193,9 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size={lay['micro_batch']}", f"--global-batch-size={tr['global_batch']}",
             f"--seq-length={tr['seq_len']}", f"--max-position-embeddings={tr['seq_len']}",
-            f"--train-iters={tr['steps']}", f"--seed={tr['seed']}"]
+            f"--train-iters={tr['steps']}", f"--seed={tr['seed']}",
+            # the global gradient norm it clips at, 0: none (optimizer.py: clip only if clip_grad > 0)
+            f"--clip-grad={clip_norm(tr['max_norm'], cfg['stack']['grad_clip'])}"]
     out += _model_args(m, lay, cfg["hardware"]["gpus_per_node"], tr["mtp_depth"])
     out += CROSS_ENTROPY.get(cfg["stack"]["cross_entropy"], [])  # the loss's kernels the plan priced
     if tr["precision"] != Precision.fp32.value:

@@ -516,7 +516,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
         feats = [stage_features(st, mm, shape) for st in stages]
         kernel_s = [coef.seconds(f) + _scores_s(tt, st, mm, tr, hw, d) for f, st, tt in zip(feats, stages, traffic)]
         # the optimizer and the weights' copies, once a step (kernels.step_features; a CPU's are the probe's)
-        once = [0.0 if hw.device.value == "cpu" else coef.seconds(step_features(st, d, stack, shape.hbm))
+        clip = spec.clip_norm() > 0
+        once = [0.0 if hw.device.value == "cpu" else coef.seconds(step_features(st, d, stack, shape.hbm, clip))
                 for st in stages]
         if bidirectional and len(once) > 1:  # DualPipe's rank r also holds stage pp-1-r's weights and state
             once = [once[r] + once[len(once) - 1 - r] for r in range(len(once))]

@@ -28,10 +28,11 @@ every GEMM (M, N, K) at the shape it has after tensor and expert parallelism:
                                                                       (and FP8 casts)
 
 Once a step, outside the micro-batches (step_features): the optimizer over the GPU's shard of its
-state (AdamW and the gradient-norm clip, 40 bytes per parameter) and what the stack's weight layout
-moves: Megatron's flat buffers zero the gradients and refresh the bf16 weights from the fp32 master;
-FSDP2 copies each weight all-gather out of its flat buffer and each reduce-scatter's gradients in
-(stack.gather_copy_out), all at the memory-bound weight `elementwise`.
+state (AdamW, 28 bytes per parameter, and the gradient-norm clip where the run clips, 12 more:
+Config.clip_norm) and what the stack's weight layout moves: Megatron's flat buffers zero the
+gradients and refresh the bf16 weights from the fp32 master; FSDP2 copies each weight all-gather
+out of its flat buffer and each reduce-scatter's gradients in (stack.gather_copy_out), all at the
+memory-bound weight `elementwise`.
 
 A GEMM is compute-bound when its intensity MNK / (MK + KN + MN) exceeds the GPU's
 FLOP-per-byte balance (about 300 for an H100 in bf16, twice that in FP8): wide GEMMs (large
@@ -467,12 +468,13 @@ CLIP_BYTES = 12.0
 MASTER_COPY_BYTES = 6.0  # the fp32 master read, the bf16 weight written (no FSDP2: stack.gather_copy_out)
 
 
-def step_features(st, d, stack, hbm: float) -> Features:
+def step_features(st, d, stack, hbm: float, clip: bool) -> Features:
     """Memory-bound work once per step on one GPU of stage `st` (hbm: bytes/s), outside the
     micro-batches: the optimizer over this GPU's shard of the state (AdamW in one fused pass, and
-    the gradient-norm clip where the stack clips, stack.grad_clip: torch's fused AdamW and foreach
-    clip_grad_norm_, Megatron's fused Adam and clip_grad_norm_fp32 read and write the same
-    tensors), then what the weights' layout costs:
+    the gradient-norm clip where the run clips, `clip`: Config.clip_norm() > 0, training.max_norm
+    on a stack that clips; torch's fused AdamW and foreach clip_grad_norm_, this runtime's clip
+    (train/parallel.clip_grad_norm), Megatron's fused Adam and clip_grad_norm_fp32 read and write
+    the same tensors), then what the weights' layout costs:
     - flat buffers (Megatron-Core's DDP and distributed optimizer): the gradient buffer zeroed for
       the next step and the bf16 weights refreshed from the fp32 master shard;
     - FSDP2 (stack.gather_copy_out): each weight all-gather copied out of its flat buffer into
@@ -483,7 +485,7 @@ def step_features(st, d, stack, hbm: float) -> Features:
       (torch.distributed.pipelining turns gradient sync off for the others).
     Not on a CPU, whose per-call host time the probe measures (plan/overheads.py)."""
     local, shard = held(st, d, 4), held(st, d, 1)  # what the GPU holds; its share of the optimizer's state
-    nbytes = shard * (ADAMW_BYTES + (CLIP_BYTES if stack.grad_clip else 0.0))
+    nbytes = shard * (ADAMW_BYTES + (CLIP_BYTES if clip else 0.0))
     if not stack.gather_copy_out:
         return Features(elem=(nbytes + local * buffer_grad_bytes(stack) + shard * MASTER_COPY_BYTES) / hbm)
     if d.dp_shard * d.cp > 1:

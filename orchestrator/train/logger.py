@@ -32,7 +32,8 @@ class Logger:
             self.writer.add_scalar(k, v, step)
         if line:
             eta = values["time/step_s"] * (steps - step - 1)
-            log.info(f"step {step + 1}/{steps} | loss {values['loss/train']:.4f} | {values['time/step_s']:.3f} s/step | "
+            norm = f" | grad norm {values['grad/norm']:.3g}" if "grad/norm" in values else ""
+            log.info(f"step {step + 1}/{steps} | loss {values['loss/train']:.4f}{norm} | {values['time/step_s']:.3f} s/step | "
                      f"{values['throughput/tokens_per_s']:,.0f} tok/s | MFU {values['perf/mfu']:.2%} "
                      f"(plan {values['perf/mfu_predicted']:.2%}{self._not_predicted()}) | ETA {eta:.0f} s")
 

@@ -236,6 +236,47 @@ def sync_replicas(parts, reduce, copies: int):
     return write_back
 
 
+@torch.no_grad()
+def clip_grad_norm(parts, max_norm: float, pp_group=None) -> torch.Tensor:
+    """The global L2 norm of the whole model's gradients, and every gradient scaled by
+    min(1, max_norm / norm) (torch's clip_grads_with_norm_ rule, its 1e-6 included) when
+    max_norm > 0. Global over every parallel dimension:
+    - a DTensor gradient (FSDP2 shards, TP shards or replicas, EP's expert shards) takes its
+      norm over its own mesh: torch's norm of a sharded DTensor is a partial value that
+      `full_tensor()` reduces, a replicated dimension counts once. Gradients on different meshes
+      (the dense one, the experts' edp x ep one) and plain ones (no parallelism on them) are
+      normed apart and their squares added, as torchtitan's dist_utils.clip_grad_norm_ does for EP;
+    - pipeline stages hold different layers: the squares are summed over the pipeline group
+      (`pp_group`; torchtitan does the same: torch's clip_grad_norm_ knows nothing of stages);
+    - copies of the state (HSDP across copies, train/replicas.py) hold the same averaged gradient
+      once the trainer wrote the average back; each copy computes the same norm, nothing to add.
+    Every rank of a mesh walks the same parameters in the same order, so the collectives line up
+    (a parameter without a gradient, on every rank of its mesh alike, adds nothing). The norm
+    comes back as a 0-d tensor on the gradients' device (no host sync here)."""
+    groups: dict = {}  # mesh (None: plain tensors) -> gradients, in the order first seen
+    for _, part in parts:
+        for p in part.parameters():
+            if p.requires_grad and p.grad is not None:
+                g = p.grad
+                groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    device = next((g.device for gs in groups.values() for g in gs), torch.device("cpu"))
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)  # one kernel per device and dtype
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares += norm.to(device, torch.float32) ** 2
+    if pp_group is not None:
+        torch.distributed.all_reduce(squares, group=pp_group)
+    total = squares.sqrt()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        local = [g.to_local() if isinstance(g, DTensor) else g for grads in groups.values() for g in grads]
+        for dev in {t.device for t in local}:
+            torch._foreach_mul_([t for t in local if t.device == dev], coef.to(dev))
+    return total
+
+
 def keep_grads(parts, scale: float, holds: bool) -> None:
     """Before a recovery pass: every trainable parameter gets a gradient (zeros where this rank holds
     none: a copy new to the generation, so every copy's all-reduce buffer lines up), and the kept

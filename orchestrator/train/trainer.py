@@ -39,7 +39,7 @@ from orchestrator.train import keeper, wire, world
 from orchestrator.train.model import cp_shard
 from orchestrator.train.moe import ExpertSteps
 from orchestrator.plan.split import lost_microbatches, recompute_run, recompute_share
-from orchestrator.train.parallel import build_model_parts, keep_grads, sync_replicas
+from orchestrator.train.parallel import build_model_parts, clip_grad_norm, keep_grads, sync_replicas
 from orchestrator.train.profile import StepProfiler
 from orchestrator.train.replicas import Replicas
 from orchestrator.train.world import world_rank
@@ -79,6 +79,8 @@ class Trainer:
                            f"(cluster.nodes x hardware.gpus_per_node); re-plan for this allocation")
         self.url = saves.url_for(self.spec.training.checkpoint.dir, self.run_dir)
         self.history: dict = {"loss": [], "step_time_s": []}
+        self.max_norm = self.spec.clip_norm()  # 0: the step does not clip (nor compute the norm)
+        self._grad_norm = None  # the last step's global gradient norm (a 0-d tensor), before the clip
         self._pending_snapshot = None  # a memory snapshot in flight (checkpoint.PendingSnapshot)
         self._kept = None  # a re-formed step's own gradients kept: {step, terms, dp_rank} (the answer said so)
         self._recover = None  # the recovery pass the new generation runs for the step in flight (reform)
@@ -267,6 +269,7 @@ class Trainer:
             return self._commit_across_copies(step, local, time.perf_counter() - t0)
         if self.experts is not None:
             self.experts.scale_grads()
+        self._clip()
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -276,6 +279,13 @@ class Trainer:
         # ranks of the last stage agree) weighs by its micro-batches.
         total, count = world.host_reduce(self._loss_terms(local))
         return total / count
+
+    def _clip(self) -> None:
+        """The gradients' global norm (every stage, shard and expert) clipped at training.max_norm,
+        before the optimizer steps (train/parallel.clip_grad_norm); nothing when it is 0."""
+        if self.max_norm > 0:
+            pp = self.meshes["dense"]["pp"].get_group() if self.lay["pp"] > 1 else None
+            self._grad_norm = clip_grad_norm(self.parts, self.max_norm, pp)
 
     def _loss_terms(self, local: float | None) -> list[float]:
         return [local * self._real, float(self._real)] if local is not None else [0.0, 0.0]
@@ -395,6 +405,7 @@ class Trainer:
         answer = rep.commit(step, ok, agg, busy_s, saving)  # the loss and stop flag cross copies through the leaders
         if answer["op"] == "commit":
             write_back()  # the average over the copies, only now that every copy commits
+            self._clip()  # of the average: every copy computes the same norm
             for opt in self.opts:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -608,6 +619,10 @@ class Trainer:
         moe = self._expert_scalars()
         self.history["loss"].append(loss)
         self.history["step_time_s"].append(dt)
+        # the global gradient norm before the clip (the same on every rank), where the step clips
+        norm = {} if self._grad_norm is None else {"grad_norm": float(self._grad_norm)}
+        if norm:
+            self.history.setdefault("grad_norm", []).append(norm["grad_norm"])
         mfu = measured_mfu(plan.data, dt)
         log.step(step, tr.steps, {
             "loss/train": loss, "time/step_s": dt, "throughput/tokens_per_s": tr.global_batch * tr.seq_len / dt,
@@ -617,12 +632,12 @@ class Trainer:
             "memory/max_rss_mb": max(float(x) for x in rss),
             # per rank (peak host RSS on CPU, peak allocated device memory on GPU), the first 64 ranks
             **{f"memory/rank{r}_mb": float(x) for r, x in enumerate(rss[:64])},
-            **moe,
+            **moe, **({"grad/norm": norm["grad_norm"]} if norm else {}),
         }, line=(step + 1) % max(tr.log_every, 1) == 0 or step + 1 == tr.steps, enabled=self.leader)
         if self.leader:
             with open(self.run_dir / rundir.METRICS_JSONL, "a") as f:
                 f.write(rundir.dumps({"step": step, "loss": loss, "step_time_s": dt, "attempt": self.attempt,
-                                      "dp": self.lay["dp"], "time": time.time(),
+                                      "dp": self.lay["dp"], "time": time.time(), **norm,
                                       **({rundir.PROFILED: True} if profiled else {})}, indent=None) + "\n")
 
     def _expert_scalars(self) -> dict:
@@ -661,8 +676,7 @@ class Trainer:
         if self.leader:
             rundir.write_json(self.run_dir / rundir.METRICS_JSON, {
                 "loss": self.history["loss"], "step_time_s": self.history["step_time_s"], "start_step": start,
-                **({"ep_bytes_per_rank": self.history["ep_bytes_per_rank"]} if "ep_bytes_per_rank" in self.history
-                   else {}),
+                **({k: self.history[k] for k in ("ep_bytes_per_rank", "grad_norm") if k in self.history}),
                 "attempt": self.attempt,
                 "layout": {k: self.lay[k] for k in ("tp", "cp", "pp", "dp", "vp", "schedule")},
             }, indent=1)

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from orchestrator.config.errors import Problem
-from orchestrator.config.schema import Config, Precision, Recompute
+from orchestrator.config.schema import Config, Precision, Recompute, clip_norm
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.layout import Layout
 from orchestrator.frameworks.torchtitan import v0_2, v0_3
@@ -114,6 +114,14 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
     if layout.ep > 1 and layout.etp not in (1, layout.tp):
         out.append(Problem("layout.etp", f"torchtitan runs experts with etp=1 or etp=tp (pd.py), got {layout.etp}.",
                            "set layout.etp=1."))
+    if spec.clip_norm() == 0:
+        out.append(Problem("training.max_norm", f"torchtitan clips the gradients' global norm every step at "
+                           f"training.max_norm (dist_utils.clip_grad_norm_ in every step: train.py in 0.2, trainer.py "
+                           f"in 0.3); "
+                           f"0 would scale every gradient to 0, and it has no setting that turns the clip off "
+                           f"(training.max_norm={tr.max_norm}, stack.grad_clip={spec.stack.grad_clip}).",
+                           "set training.max_norm > 0 (torchtitan's default is 1.0; a large value such as 1e9 "
+                           "computes the norm and never clips) with stack.grad_clip=true."))
     if tr.recompute == Recompute.full and tr.recompute_layers is not None:
         out.append(Problem("training.recompute_layers", "torchtitan recomputes every block (mode=full) or every "
                            "N-th (selective_ac_option=N), not the first N of each chunk.",
@@ -207,7 +215,7 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None,
         par.update(stage_settings(_counts(lay), pp, cfg["model"]["layers"], lay["schedule"]) or {})
     local = tr["global_batch"] // dp if pp > 1 else lay["micro_batch"]
     train = {"local_batch_size": local, "global_batch_size": tr["global_batch"], "seq_len": tr["seq_len"],
-             "steps": tr["steps"],
+             "steps": tr["steps"], "max_norm": clip_norm(tr["max_norm"], cfg["stack"]["grad_clip"]),
              "mixed_precision_param": "float32" if tr["precision"] == Precision.fp32.value else "bfloat16"}
     return LINES[line].render(plan_json, run_dir, Path(plan_dir), par, train, module_parts(plan_json, line))
 
