@@ -67,7 +67,16 @@ TEMPLATES = [
 CP_METHODS = [["hardware=h100_sxm", *TEMPLATES[10], f"stack.cp_comm={k}"] for k in ("all_gather", "a2a")]
 # The loss's fused kernels (stack.cross_entropy=megatron_fused), read back from TransformerConfig
 LOSS = [["hardware=h100_sxm", *TEMPLATES[0], "stack.cross_entropy=megatron_fused"]]
-CONFIGS = RECIPES + [[f"hardware={hw}", *t] for hw in ARCH for t in TEMPLATES] + CP_METHODS + LOSS
+# The expert all-to-all overlap (stack.ep_overlap: --overlap-moe-expert-parallel-comm, with --delay-wgrad-compute),
+# read back from TransformerConfig: interleaved with TP on Hopper (Megatron-Bridge's Qwen3 235B H100 layout, scaled
+# down), and without pipelining on Blackwell
+EP_OVERLAP = [["hardware=h100_sxm", "model=tiny_moe", "cluster.nodes=4", "layout.ep=8", "layout.tp=2", "layout.etp=1",
+               "layout.pp=4", "layout.vp=2", "model.layers=8", "schedule=interleaved_1f1b", "training.global_batch=128",
+               "layout.zero=1", "training.precision=bf16",
+               "stack.ep_overlap=combined_1f1b_delay_wgrad"],
+              ["hardware=b200", "model=tiny_moe", "cluster.nodes=2", "layout.ep=8", "training.global_batch=64", "training.precision=bf16",
+               "stack.ep_overlap=combined_1f1b"]]
+CONFIGS = RECIPES + [[f"hardware={hw}", *t] for hw in ARCH for t in TEMPLATES] + CP_METHODS + LOSS + EP_OVERLAP
 
 
 def megatron(root: str):
@@ -119,6 +128,9 @@ def readback(args, config, pj: dict) -> dict:
     fused = pj["config"]["stack"]["cross_entropy"] == "megatron_fused"  # the loss's kernels planned
     got["loss_fusion"], want["loss_fusion"] = (config.cross_entropy_loss_fusion, config.cross_entropy_fusion_impl), \
         (fused, "native")
+    how = pj["config"]["stack"]["ep_overlap"]  # the all-to-all overlap planned
+    got["ep_overlap"], want["ep_overlap"] = (config.overlap_moe_expert_parallel_comm, config.delay_wgrad_compute), \
+        (how != "none", how == "combined_1f1b_delay_wgrad")
     if lay["cp"] > 1:  # what TransformerConfig hands Transformer Engine's attention: the CP method planned
         got["cp_comm"], want["cp_comm"] = config.cp_comm_type, pj["config"]["stack"]["cp_comm"]
     if lay["pp"] > 1:

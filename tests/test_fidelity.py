@@ -343,12 +343,56 @@ def test_megatron_counts_the_embedding_and_the_loss_as_pipeline_layers():
     assert even.valid and even.layout.virtual_stages()[0] == (0, 1)
 
 
-def test_the_stacks_expert_overlap_hides_no_more_than_the_compute_beside_it():
-    run = ["recipe=deepseek_v3", "stack=megatron_core", "schedule=1f1b", "training.recompute=full"]
-    off, on = plan_of(*run), plan_of(*run, "stack.ep_overlap=1")
-    assert on.step.wall_ep < off.step.wall_ep and on.mfu > off.mfu
-    slow = plan_of(*run, "stack.ep_overlap=1", "hardware.inter_node_gbps=0.5")  # all-to-all > compute
-    assert slow.step.wall_ep > 0 and slow.axes["ep"].hidden_s <= slow.step.wall_compute * (1 + 1e-9)
+def test_megatrons_combined_1f1b_hides_each_all_to_all_behind_the_one_module_beside_it():
+    """Megatron-Core's combined 1F1B (stack.ep_overlap; models/common/model_chunk_schedule_plan.py
+    TransformerLayerSchedulePlan.run at NVIDIA/Megatron-LM@d98e8a6): per layer, one micro-batch's forward
+    beside another's backward, the all-to-alls on the communication stream, each node waiting for the last
+    node of its own micro-batch, so the step is four pairs (combine bwd | attention fwd), (dispatch fwd |
+    experts bwd), (dispatch bwd | experts fwd), (combine fwd | attention bwd): an all-to-all longer than
+    the module beside it leaves exactly the excess, one shorter nothing. --delay-wgrad-compute takes the
+    weight gradients out of the node's event, so the dispatch backward also hides behind the experts'
+    weight gradients."""
+    from orchestrator.plan.cost import _combined_layers_s
+
+    attn, experts = (0.4, 0.5, 0.2), (0.3, 0.2, 0.1)  # (forward, input gradients, weight gradients)
+    work = sum(attn) + sum(experts)
+    one = _combined_layers_s(1, 1.0, attn, experts, 0.0, delay_wgrad=False)
+    assert one - work == pytest.approx((1 - 0.4) + (1 - 0.3) + (1 - 0.3) + (1 - 0.7))  # each pair's excess
+    big = tuple(3 * x for x in attn), tuple(3 * x for x in experts)  # every module longer than an all-to-all
+    assert _combined_layers_s(4, 0.5, *big, 0.0, delay_wgrad=False) == pytest.approx(4 * 3 * work)
+    # the experts' forward short, their weight gradients long: only the delayed wgrad hides the dispatch backward
+    attn, experts = (2.0, 2.0, 0.0), (0.1, 2.0, 1.0)
+    work = sum(attn) + sum(experts)
+    assert _combined_layers_s(1, 1.0, attn, experts, 0.0, delay_wgrad=False) - work == pytest.approx(1 - 0.1)
+    assert _combined_layers_s(1, 1.0, attn, experts, 0.0, delay_wgrad=True) == pytest.approx(work)
+
+
+def test_megatrons_combined_1f1b_runs_the_first_forward_and_last_backward_alone():
+    """Without pipelining the combined 1F1B runs micro-batch 1's forward and micro-batch m's backward
+    alone (combined_1f1b_schedule_for_no_pipelining): one micro-batch's all-to-all stays exposed, all of
+    it with one micro-batch; where the modules outlast the all-to-alls that is all that is exposed, and an
+    all-to-all longer than the compute is never hidden behind more than the compute. Megatron refuses the
+    overlap with pipelining but no interleaving, with full recompute and without experts; so does the plan."""
+    run = ["hardware=h100_sxm", "model=tiny_moe", "cluster.nodes=2", "layout.ep=8", "training.precision=bf16",
+           "stack=megatron_core"]
+    alone = [plan_of(*run, "training.global_batch=16", f"stack.ep_overlap={k}") for k in ("none", "combined_1f1b")]
+    assert alone[1].layout.microbatches == 1 and alone[1].axes["ep"].hidden_s == 0.0
+    assert alone[1].step.wall_s == pytest.approx(alone[0].step.wall_s)
+    off, on = (plan_of(*run, "training.global_batch=64", f"stack.ep_overlap={k}")
+               for k in ("none", "combined_1f1b_delay_wgrad"))
+    m, ep = on.layout.microbatches, on.axes["ep"]
+    assert m == 4 and ep.seconds == pytest.approx(off.axes["ep"].exposed_s)
+    assert ep.exposed_s == pytest.approx(ep.seconds / m) and on.mfu > off.mfu
+    slow = plan_of(*run, "training.global_batch=64", "stack.ep_overlap=combined_1f1b", "hardware.intra_node_gbps=0.01")
+    e = slow.axes["ep"]
+    assert e.seconds > slow.step.wall_compute and e.exposed_s > e.seconds / m
+    assert 0 < e.hidden_s <= slow.step.wall_compute
+    for extra, key in ((["layout.pp=2", "schedule=1f1b"], "stack.ep_overlap, schedule.name, layout.vp"),
+                       (["training.recompute=full"], "stack.ep_overlap, training.recompute"),
+                       (["layout.ep=1"], "stack.ep_overlap, layout.ep")):
+        refused = plan_of(*run, "training.global_batch=64", "stack.ep_overlap=combined_1f1b", *extra)
+        assert key in [p.key for p in refused.errors], (extra, [str(p) for p in refused.errors])
+        assert "stack.ep_overlap=none" in [p for p in refused.errors if p.key == key][0].fix
 
 
 def test_a_probed_site_preset_prices_the_parts_it_measured(capsys):

@@ -189,12 +189,15 @@ def test_megatron_names_are_cited_and_match_its_source():
     rendered = set()
     for case in ([*SMALL, "layout.tp=2"], [*SMALL, "layout.tp=2", "model=tiny_moe", "layout.ep=4", "layout.zero=1",
                                            "training.recompute=full", "training.recompute_layers=2", "layout.pp=2"],
-                 [*SMALL, "layout.zero=3"], ["recipe=deepseek_v3", "schedule=1f1b", "launcher=slurm"]):
+                 [*SMALL, "layout.zero=3"], ["recipe=deepseek_v3", "schedule=1f1b", "launcher=slurm"],
+                 [*SMALL, "model=tiny_moe", "layout.ep=8", "layout.zero=1", "training.precision=bf16",
+                  "stack.ep_overlap=combined_1f1b_delay_wgrad"]):
         p = plan_of(*case, "trainer=megatron", "training.checkpoint.every=10")
         assert p.valid, p.errors
         rendered |= {a.split("=")[0] for a in trainers.argv(p.to_json(), Path("/RUN")) if a.startswith("--")}
     assert rendered <= set(megatron.CITED), rendered - set(megatron.CITED)
-    assert {"--multi-latent-attention", "--moe-router-num-groups", "--mtp-num-layers", "--ckpt-format"} <= rendered
+    assert {"--multi-latent-attention", "--moe-router-num-groups", "--mtp-num-layers", "--ckpt-format",
+            "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"} <= rendered
     root = os.environ.get("MEGATRON_LM")
     if not root:
         pytest.skip(f"set MEGATRON_LM to a Megatron-LM checkout at {megatron.COMMIT[:10]} to check the citations")

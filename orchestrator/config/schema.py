@@ -229,6 +229,21 @@ class CrossEntropy(str, Enum):
     te = "te"  # Transformer Engine's Triton parallel_cross_entropy (cross_entropy_fusion_impl te)
 
 
+class EPOverlap(str, Enum):
+    # How the stack overlaps the expert all-to-all with compute besides the schedule's own
+    # (DualPipe: schedule.overlaps_ep). combined_1f1b: Megatron-Core's --overlap-moe-expert-parallel-comm
+    # (megatron/core/pipeline_parallel/combined_1f1b.py, models/common/model_chunk_schedule_plan.py): one
+    # micro-batch's forward runs beside another's backward, layer by layer, each dispatch/combine on a
+    # communication stream behind one module (attention side or experts) of the other micro-batch;
+    # the first forward and last backward (the pipeline's warm-up and cool-down) run alone.
+    # combined_1f1b_delay_wgrad: the same with --delay-wgrad-compute (Megatron-Bridge's moe_a2a_overlap
+    # sets both): the weight gradients run after the module's input gradients, outside its event, so
+    # the next all-to-all of that micro-batch need not wait for them.
+    none = "none"
+    combined_1f1b = "combined_1f1b"
+    combined_1f1b_delay_wgrad = "combined_1f1b_delay_wgrad"
+
+
 class DPWindow(str, Enum):
     step = "step"  # dp_overlap x the step's compute (this runtime's first model)
     microbatch = "microbatch"  # the last micro-batch's backward and the next step's first forward
@@ -268,7 +283,7 @@ class StackConfig:
     dp_overlap: float = 2.0 / 3.0
     dp_first_gather_exposed: bool = True  # the step's first weight all-gather cannot hide (ZeRO-3/FSDP)
     tp_overlap: float = 0.0  # fraction of tensor-parallel communication hidden behind GEMMs
-    ep_overlap: float = 0.0  # fraction of the expert all-to-all hidden (besides DualPipe's own overlap)
+    ep_overlap: EPOverlap = EPOverlap.none  # the stack's expert all-to-all overlap (EPOverlap)
     # Share of the GPU's SMs the overlapped all-to-all kernels take from the computation while
     # they run (DeepSeek-V3: 20 of 132 SMs, Sec. 3.2.2); the hidden communication slows the
     # compute it hides behind by this share.

@@ -52,11 +52,19 @@ CITED = {
     "--qk-head-dim": f"{ARGS}:3552", "--qk-pos-emb-head-dim": f"{ARGS}:3554", "--v-head-dim": f"{ARGS}:3556",
     "--mtp-num-layers": f"{TC}:68", "--position-embedding-type": f"{ARGS}:2397", "--rotary-base": f"{ARGS}:2418",
     "--normalization": f"{TC}:256", "--cross-entropy-loss-fusion": f"{MPC}:320",
+    "--overlap-moe-expert-parallel-comm": f"{MPC}:343", "--delay-wgrad-compute": f"{MPC}:348",
 }
 # What each rank's environment must hold (validate_args, arguments.py): with TP or CP, before
 # Blackwell, CUDA_DEVICE_MAX_CONNECTIONS=1 unless an FSDP runs (1452-1479; from Blackwell on 1 is
 # no longer required but still accepted); Megatron-FSDP refuses 1 (1166-1167): unset it there.
+# With the expert all-to-all overlap (stack.ep_overlap) validate_args only warns with TP or CP before
+# Blackwell (1466-1474: the overlap "requires setting a larger CUDA_DEVICE_MAX_CONNECTIONS"); Megatron-LM's
+# own run guide sets 32 for it (skills/mcore-run-on-slurm/SKILL.md:27-29,102; more than 1, as an FSDP needs), so its communication stream's
+# all-to-alls are not queued behind the other stream's kernels.
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+# stack.ep_overlap: Megatron-Core's combined 1F1B, and the weight gradients apart with it
+EP_OVERLAP = {"none": [], "combined_1f1b": ["--overlap-moe-expert-parallel-comm"],
+              "combined_1f1b_delay_wgrad": ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]}
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP (arguments.py:3190)
 # --cp-comm-type is stack.cp_comm's word: Megatron passes it to Transformer Engine's attention
 # (megatron/core/extensions/transformer_engine.py:2141-2153), which runs every value the schema has,
@@ -125,6 +133,12 @@ def problems(spec: Config, layout: Layout) -> list[Problem]:
                            f"(context_parallel.py: 'requires num_heads % cp_size == 0'); {spec.model.heads} query "
                            f"and {kv} key/value heads over tp={layout.tp} do not divide by cp={layout.cp}.",
                            "set stack.cp_comm=p2p, or a cp that divides the heads per tensor rank."))
+    if spec.stack.ep_overlap.value != "none" and layout.zero >= 2 and layout.vp > 1:
+        out.append(Problem("stack.ep_overlap, layout.zero, layout.vp", "Megatron-Core's combined 1F1B refuses "
+                           "Megatron-FSDP under the interleaved pipeline (combined_1f1b.py "
+                           "combined_1f1b_schedule_for_interleaved_pipelining: 'EP overlap 1F1B with FSDP is not "
+                           f"supported for interleaved pipeline parallelism'); zero={layout.zero}, vp={layout.vp}.",
+                           "use layout.zero=1 (the distributed optimizer), layout.pp=1, or stack.ep_overlap=none."))
     if spec.training.precision in (Precision.mxfp8, Precision.nvfp4):
         out.append(Problem("training.precision", f"the rendering has no {spec.training.precision.value} "
                            f"arguments (it writes --fp8-format=hybrid for fp8).", "put Megatron-LM's recipe "
@@ -142,6 +156,8 @@ def _route_groups(experts: int, ep: int, gpus_per_node: int, max_nodes: int) -> 
 def env(plan_json: dict) -> dict[str, str | None]:
     """The variables every rank gets beyond torchrun's (None: removed from the rank's environment)."""
     lay = plan_json["layout"]
+    if plan_json["config"]["stack"]["ep_overlap"] != "none":
+        return {CONNECTIONS: "32"}
     if lay["zero"] >= 2:
         return {CONNECTIONS: None}
     if lay["tp"] > 1 or lay["cp"] > 1:
@@ -198,6 +214,7 @@ def render(plan_json: dict, run_dir: Path, plan_dir: Path | None = None) -> list
             f"--clip-grad={clip_norm(tr['max_norm'], cfg['stack']['grad_clip'])}"]
     out += _model_args(m, lay, cfg["hardware"]["gpus_per_node"], tr["mtp_depth"])
     out += CROSS_ENTROPY.get(cfg["stack"]["cross_entropy"], [])  # the loss's kernels the plan priced
+    out += EP_OVERLAP[cfg["stack"]["ep_overlap"]]  # the all-to-all overlap the plan priced
     if tr["precision"] != Precision.fp32.value:
         out.append("--bf16")
     if tr["precision"] == Precision.fp8.value:

@@ -21,7 +21,10 @@ Per micro-batch on the slowest stage (the pipeline runs at its pace):
   leave the GPU, split into the copies that stay in the NVLink domain and those that cross
   the network (node-limited routing sends a token once per remote node, DeepSeek-V3);
   the two run side by side. FP8 runs dispatch in FP8. DualPipe (schedule.overlaps_ep)
-  hides it behind the other micro-batch's compute, `stack.ep_overlap` hides a fraction.
+  hides it behind the other micro-batch's compute; Megatron-Core's combined 1F1B
+  (`stack.ep_overlap`) hides each all-to-all behind the one module of the other micro-batch
+  beside it, layer by layer (_combined_layers_s), but for the micro-batches that run alone
+  (_alone_share).
 Per step: m x the above; the bubble is the schedule's (config/schedules.py) in
 micro-batches of the slowest stage; P2P = the sends on the critical path of fill and
 drain, 2 (p x chunks - 1); DP = weight all-gathers and gradient reduce-scatters (or an
@@ -43,7 +46,7 @@ from dataclasses import asdict, dataclass, replace
 
 from orchestrator.config.schedules import SCHEDULES
 from orchestrator.plan.axes import AXES, CANONICAL_ORDER
-from orchestrator.plan.kernels import coefficients, shape_of, stage_features, step_features
+from orchestrator.plan.kernels import coefficients, moe_modules, shape_of, stage_features, step_features
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.validate import check_order
 from orchestrator.plan.model import OP_SAC, ModelMath
@@ -444,7 +447,8 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
     traffic = [stage_traffic(st, d, mm, tr, hw, spec) for st in stages]
     nvlink = tiers_for(spec)[0]
     tp_hide = stack.tp_overlap
-    ep_hide = stack.ep_overlap
+    combined = _combined_shares(stages, d, mm, tr, hw, spec)  # per stage, or None: no combined 1F1B
+    delay_wgrad = stack.ep_overlap.value == "combined_1f1b_delay_wgrad"
     over = _oversubscribed(spec)
     cp_tier = replace(tiers["cp"], gbps=_stream_gbps(tiers["cp"], d, order, "cp", over))
     pp_tier = replace(tiers["pp"], gbps=_stream_gbps(tiers["pp"], d, order, "pp", over))
@@ -466,17 +470,26 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
 
     def run(compute: list[float], comm=comm) -> _Pass:
         per = []
-        for c, (tp, cp, ep) in zip(compute, comm):
+        for i, (c, (tp, cp, ep)) in enumerate(zip(compute, comm)):
             ep_hidden = 0.0
+            alone = c + tp + cp + ep  # a micro-batch with its all-to-all exposed (the bubble's pace)
             if d.schedule.overlaps_ep:
                 # DualPipe overlaps one micro-batch's all-to-all with another's computation.
                 ep_hidden = min(ep, c)
-            # The stack's own overlap (Megatron-Core's EP all-to-all overlap) hides a share of the
-            # rest behind the other micro-batch's compute, never more than that compute.
-            ep_hidden = ep_hidden + min((ep - ep_hidden) * ep_hide, max(c - ep_hidden, 0.0))
+            elif combined is not None and ep > 0 and stages[i].moe_layers:
+                # Megatron-Core's combined 1F1B: paired micro-batches hide what their modules can, the
+                # ones that run alone nothing.
+                attn, experts, n, chunk, layers = combined[i]
+                beside = (tp + cp) / layers
+                per_chunk = _combined_layers_s(chunk, ep / (4 * n), tuple(x * c for x in attn),
+                                               tuple(x * c for x in experts), beside, delay_wgrad)
+                work = chunk * ((sum(attn) + sum(experts)) * c + beside)
+                paired = min(max(per_chunk - work, 0.0) * n / chunk, ep)  # exposed when paired
+                u = _alone_share(d, stages[i].index)
+                ep_hidden = ep - (u * ep + (1.0 - u) * paired)
             # The SMs the hidden all-to-all runs on are missing from the compute meanwhile.
             c = c + ep_hidden * sm / (1.0 - sm)
-            per.append((c + tp + cp + ep - ep_hidden, c, tp, cp, ep - ep_hidden, ep_hidden))
+            per.append((c + tp + cp + ep - ep_hidden, c, tp, cp, ep - ep_hidden, ep_hidden, alone))
         if bidirectional and len(per) > 1:
             # DualPipe feeds micro-batches from both ends: rank r runs stage r for one direction
             # and stage pp-1-r for the other (its second copy of the weights), so a rank's pace is
@@ -484,8 +497,9 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
             n = len(per)
             per = [tuple((a + b) / 2 for a, b in zip(per[r], per[n - 1 - r])) for r in range(n)]
         j = max(range(len(per)), key=lambda i: per[i][0])
-        mb, comp, tp, cp, ep, ep_hidden = per[j]
-        bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * mb
+        mb, comp, tp, cp, ep, ep_hidden, alone = per[j]
+        # the fill and drain run micro-batches alone: at their pace under the combined 1F1B
+        bubble = (d.schedule.bubble(d.pp, d.vp) if d.pp > 1 else 0.0) * (alone if combined is not None else mb)
         dp, _ = _data_parallel(axes, d, comp, m, spec, dp_gbps)
         return _Pass(mb, comp, tp, cp, ep, ep_hidden, bubble, dp, j)
 
@@ -553,6 +567,74 @@ def step_time(stages: list[Stage], d: Layout, mm: ModelMath, axes: dict[str, Axi
                 microbatch_s=roof.mb, compute_microbatch_s=roof.comp, kernel_efficiency=keff, core_share=share,
                 **{"wall_" + k: v for k, v in wall.items()})
     return StepCost(step, costs)
+
+
+def _combined_shares(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spec):
+    """Per stage under Megatron-Core's combined 1F1B (stack.ep_overlap; None without it): one MoE layer's
+    attention-side module and routed experts, (forward, dgrad, wgrad) each, as shares of the stage's
+    compute (kernels.moe_modules), its MoE layers, the MoE layers of one model chunk (the combined step
+    pairs a chunk's forward with a chunk's backward) and its layers (the TP/CP collectives' share)."""
+    stack = _stack(spec)
+    if stack is None or stack.ep_overlap.value == "none" or d.ep <= 1 or not mm.moe:
+        return None
+    coef = coefficients(hw, spec.cost)
+    shape = shape_of(d, tr, hw, spec, coef)
+    attn, experts = moe_modules(mm, shape, coef)
+    out = []
+    for st in stages:
+        total = max(coef.seconds(stage_features(st, mm, shape)), 1e-30)
+        n = max(st.moe_layers, 1)
+        layers = max(len(st.layers) + getattr(st, "mtp", 0), 1)
+        out.append((tuple(x / total for x in attn), tuple(x / total for x in experts), n,
+                    max(1, round(n / d.chunks)), layers))
+    return out
+
+
+def _combined_layers_s(n: int, a2a: float, attn: tuple[float, float, float], experts: tuple[float, float, float],
+                       beside: float, delay_wgrad: bool) -> float:
+    """Seconds n MoE layers of one micro-batch's forward take beside n layers of another's backward in
+    Megatron-Core's combined 1F1B (TransformerLayerSchedulePlan.run, model_chunk_schedule_plan.py, at
+    NVIDIA/Megatron-LM@d98e8a6), each all-to-all `a2a` seconds, the modules' (forward, dgrad, wgrad) seconds
+    `attn` and `experts`, `beside` seconds of TP/CP collectives per layer on the compute stream (half in
+    the attention's forward, half in its backward). Per layer the nodes are issued in this order, the
+    all-to-alls on the communication stream, the modules on the compute stream; each node waits for the
+    last one of its own micro-batch (one CUDA event per micro-batch, ScheduleNode.stream_acquire_context)
+    and for the one before it on its stream:
+        combine bwd (b) | attention fwd (f) | experts dgrad (b) | dispatch fwd (f) | experts wgrad (b) |
+        dispatch bwd (b) | experts fwd (f) | combine fwd (f) | attention dgrad (b) | attention wgrad (b)
+    Without --delay-wgrad-compute a module's weight gradients run inside its backward node (the event
+    waits for them); with it they run after, outside the event (TransformerLayerNode.backward_dw)."""
+    af, ad, aw = attn[0] + beside / 2, attn[1] + beside / 2, attn[2]
+    ef, ed, ew = experts
+    if not delay_wgrad:
+        ad, ed, aw, ew = ad + aw, ed + ew, 0.0, 0.0
+    comm = comp = f = b = 0.0  # when each stream is free, when each micro-batch's last node ends
+    for _ in range(n):
+        comm = b = max(comm, b) + a2a  # combine backward
+        comp = f = max(comp, f) + af  # attention forward
+        comp = b = max(comp, b) + ed  # experts' input gradients
+        comm = f = max(comm, f) + a2a  # dispatch forward
+        comp += ew  # experts' weight gradients (delayed)
+        comm = b = max(comm, b) + a2a  # dispatch backward
+        comp = f = max(comp, f) + ef  # experts forward
+        comm = f = max(comm, f) + a2a  # combine forward
+        comp = b = max(comp, b) + ad  # attention's input gradients
+        comp += aw  # attention's weight gradients (delayed)
+    return max(comm, comp)
+
+
+def _alone_share(d: Layout, rank: int) -> float:
+    """The share of a pipeline rank's micro-batches whose forward and backward the combined 1F1B runs
+    alone, their all-to-all exposed: without pipelining the first forward and the last backward
+    (combined_1f1b_schedule_for_no_pipelining), interleaved each rank's warm-up forwards and cool-down
+    backwards, 2 (pp - rank - 1) + (vp - 1) x pp + 1 model chunks of m x vp (schedules.py
+    get_pp_rank_microbatches: one more than without the overlap; microbatch_group_size_per_vp_stage
+    defaults to pp)."""
+    m = max(d.microbatches, 1)
+    if d.pp <= 1:
+        return 1.0 / m
+    total = m * d.chunks
+    return min(2 * (d.pp - rank - 1) + (d.chunks - 1) * d.pp + 1, total) / total
 
 
 def _ring_attention_s(stages: list[Stage], d: Layout, mm: ModelMath, tr, hw, spec) -> list[float]:

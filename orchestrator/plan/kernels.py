@@ -346,20 +346,14 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
         out += replace(g.scale(heads), kernels=g.kernels)  # batched over heads: one launch each
     # ---- MLP ------------------------------------------------------------------------------------
     mats = 3 if mm.m.mlp == "swiglu" else 2
-    act = 8.0 if mats == 3 else 5.0  # activation's elements per output element, fwd + bwd
+    act = 8.0 if mats == 3 else 5.0  # activation's elements per output element, fwd + bwd (_mlp)
 
     def mlp(tokens: float, f: float, shard: int, count: float = 1.0,
             passes: float | None = None) -> tuple[Features, float]:
-        """The MLP's GEMMs (fwd, dgrad, wgrad; a forward more under full recompute, or `passes`) and
-        its activation's elements."""
-        n = passes if passes is not None else (4.0 if full else 3.0)
-        up_n = (2 if mats == 3 else 1) * f / shard
-        g = _gemm(tokens, up_n, h, f8, s, n) + _gemm(tokens, h, f / shard, f8, s, n)
-        return g.scale(count), act * tokens * f / shard * count
+        return _mlp(mm, s, tokens, f, shard, count, passes)
 
     if moe and mm.moe:
         e = mm.moe
-        ep, etp = s.ep, s.etp
         owned = T / seq_shard  # tokens this rank routes
         out += _gemm(owned, e.experts, h, False, s, 4.0 if full else 3.0)  # router, kept in bf16
         act_elems = 0.0
@@ -367,14 +361,13 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
             g, a_el = mlp(T, e.shared_experts * e.expert_ffn_hidden, t)
             out += g
             act_elems += a_el
-        per_expert = ep * (T * etp / t) * e.experts_per_token / e.experts * (1.0 + s.imbalance)
-        g, a_el = mlp(per_expert, e.expert_ffn_hidden, etp, count=e.experts / ep)
+        g, a_el = _routed_experts(mm, s)
         out += g
         if op_sac:  # the router and the routed experts' grouped GEMMs run again
             out += _gemm(owned, e.experts, h, False, s, 1.0)
-            out += mlp(per_expert, e.expert_ffn_hidden, etp, count=e.experts / ep, passes=1.0)[0]
+            out += _routed_experts(mm, s, passes=1.0)[0]
         act_elems += a_el
-        copies = owned * e.experts_per_token * (1.0 + s.imbalance)
+        copies = _routed_copies(mm, s)
         elems = act_elems + 8.0 * copies * h + 4.0 * owned * e.experts  # permute/unpermute, router softmax
         out += Features(kernels=24.0e-6)  # router softmax/top-k/aux loss, permutes, all-to-all, sorts
     else:
@@ -401,6 +394,60 @@ def layer_features(mm: ModelMath, moe: bool, s: Shape) -> Features:
             out += _gemm(M, N, K, f8, s, 1.0)
     out += _elem(elems, s)
     return out
+
+
+def _mlp(mm: ModelMath, s: Shape, tokens: float, f: float, shard: int, count: float = 1.0,
+         passes: float | None = None) -> tuple[Features, float]:
+    """An MLP's GEMMs (fwd, dgrad, wgrad; a forward more under full recompute, or `passes`) and its
+    activation's elements (8 per output element forward and backward for SwiGLU, 5 for GELU)."""
+    swiglu = mm.m.mlp == "swiglu"
+    n = passes if passes is not None else (4.0 if s.recompute == "full" else 3.0)
+    up_n = (2 if swiglu else 1) * f / shard
+    f8 = bool(s.lowp)
+    g = _gemm(tokens, up_n, mm.h, f8, s, n) + _gemm(tokens, mm.h, f / shard, f8, s, n)
+    return g.scale(count), (8.0 if swiglu else 5.0) * tokens * f / shard * count
+
+
+def _routed_experts(mm: ModelMath, s: Shape, passes: float | None = None) -> tuple[Features, float]:
+    """One MoE layer's routed experts on one GPU: their grouped GEMMs and activation elements."""
+    e = mm.moe
+    per_expert = s.ep * (s.tokens * s.etp / s.t) * e.experts_per_token / e.experts * (1.0 + s.imbalance)
+    return _mlp(mm, s, per_expert, e.expert_ffn_hidden, s.etp, count=e.experts / s.ep, passes=passes)
+
+
+def _routed_copies(mm: ModelMath, s: Shape) -> float:
+    """The routed copies of the tokens this rank routes (what the dispatcher permutes)."""
+    return s.tokens / (s.t if s.sp else 1) * mm.moe.experts_per_token * (1.0 + s.imbalance)
+
+
+# A MoE layer as Megatron-Core's combined 1F1B runs it (stack.ep_overlap; model_chunk_schedule_plan.py
+# TransformerLayerSchedulePlan): two modules on the compute stream, "pre_dispatch_computation" (norms,
+# attention, router, shared experts, the dispatcher's permute) and "mlp" (the routed experts between the
+# dispatcher's post-dispatch and pre-combine sorts), each run as forward, backward's input gradients (dgrad)
+# and, with --delay-wgrad-compute, its weight gradients (wgrad) apart. The features' shares per pass: a
+# GEMM's three passes are one each (_gemm); flash attention's forward is 1 of 1 + 2.5 / 0.7 (+1 when
+# recompute runs the core again, in backward) forwards' time and has no weights; the memory-bound work 2
+# of 5 elements forward (a norm: fwd 2h, bwd 3h); the launches a third each.
+def _passes(f: Features, coef: Coefficients, core_again: bool) -> tuple[float, float, float]:
+    attn_fwd = 1.0 / (1.0 + 2.5 / 0.7 + (1.0 if core_again else 0.0))
+    gemm, elem = f.gemm, coef.elementwise * f.elem
+    attn, kern = f.attn / coef.attention_efficiency, coef.launch_overhead_us * f.kernels
+    return (gemm / 3 + attn * attn_fwd + 0.4 * elem + kern / 3,
+            gemm / 3 + attn * (1.0 - attn_fwd) + 0.6 * elem + kern / 3,
+            gemm / 3 + kern / 3)
+
+
+def moe_modules(mm: ModelMath, s: Shape, coef: Coefficients) -> tuple[tuple[float, float, float],
+                                                                    tuple[float, float, float]]:
+    """Seconds of one MoE layer's (forward, dgrad, wgrad) in its attention-side module and in its
+    routed experts, at the kernel model's speed; together they are layer_features(mm, True, s)."""
+    g, a_el = _routed_experts(mm, s)
+    # half the permutes (8 elements per copy and hidden element: four passes of the copies forward and
+    # backward): the sorts around the grouped GEMMs run in the experts' node
+    experts = g + _elem(a_el + 4.0 * _routed_copies(mm, s) * mm.h, s) + Features(kernels=12.0e-6)
+    rest = layer_features(mm, True, s) + experts.scale(-1.0)
+    core_again = s.recompute == "full" or (s.recompute == "selective" and s.selective not in OP_SAC)
+    return _passes(rest, coef, core_again), _passes(experts, coef, False)
 
 
 def sp_copies(mb: int, op_sac: bool, full: bool) -> float:

@@ -52,7 +52,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "layout.pp": (1, 4096), "layout.ep": (1, 1 << 16), "layout.etp": (1, 1 << 16), "layout.vp": (1, 1024),
     "layout.zero": (0, 3), "layout.dp_shard": (1, MAX_WORLD), "schedule.microbatches": (1, BIG),
     "search.top": (1, 1000), "cluster.spare_nodes": (0, 1 << 18), "stack.zero": (0, 3), "stack.grad_bytes": (0, 16),
-    "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0), "stack.ep_overlap": (0, 1.0),
+    "stack.dp_overlap": (0, 1.0), "stack.tp_overlap": (0, 1.0),
     "fabric.nvlink_domain": (1, 1 << 16), "failover.timeout_s": (1, 86400), "failover.quorum_s": (0.1, 3600), "failover.lease_s": (1, 3600),
     "failover.collective_bound_s": (0.1, 86400),
     "failover.store_shards": (1, 4096),
@@ -173,6 +173,7 @@ def validate(spec: Config) -> tuple[Layout | None, list[Problem], list[str]]:
     stage_layers = _check_pipeline(spec, problems, warnings)
     _check_sequence(spec, problems)
     _check_precision(spec, problems)
+    _check_ep_overlap(spec, problems)
     mb = _check_batch(spec, dp, rules, problems, warnings)
     if problems:
         return None, problems, warnings
@@ -570,6 +571,41 @@ def _check_precision(spec: Config, problems: list[Problem]) -> None:
         problems.append(Problem("training.bf16_layers", f"{spec.training.bf16_layers} layers kept in BF16, but "
                                 f"{spec.model.name} has {spec.model.layers}.",
                                 f"set training.bf16_layers to at most {spec.model.layers}."))
+
+
+# Megatron-Core's combined 1F1B (stack.ep_overlap), as TransformerConfig.__post_init__ asserts it
+# (megatron/core/transformer/transformer_config.py:3002-3047 at NVIDIA/Megatron-LM@d98e8a6) and the
+# schedules run it: forward_backward_no_pipelining (pp=1) and forward_backward_pipelining_with_interleaving
+# (megatron/core/pipeline_parallel/schedules.py:778, 1485); the non-interleaved pipeline has no combined path.
+_EP_OVERLAP_SRC = "Megatron-Core's combined 1F1B (transformer_config.py:3002-3047)"
+
+
+def _check_ep_overlap(spec: Config, problems: list[Problem]) -> None:
+    how = spec.stack.ep_overlap.value
+    if how == "none":
+        return
+    lay, tr, sched = spec.layout, spec.training, SCHEDULES[spec.schedule.name.value]
+    off = "or stack.ep_overlap=none."
+    if lay.ep <= 1 or not spec.model.moe.experts:
+        problems.append(Problem("stack.ep_overlap, layout.ep", f"{_EP_OVERLAP_SRC} overlaps the expert all-to-all "
+                                f"and needs expert parallelism; ep={lay.ep} ({spec.model.name}).",
+                                "set layout.ep>1 on a mixture-of-experts model, " + off))
+    if sched.overlaps_ep or (lay.pp > 1 and (sched.name != "interleaved_1f1b" or lay.vp < 2)):
+        problems.append(Problem("stack.ep_overlap, schedule.name, layout.vp",
+                                f"{_EP_OVERLAP_SRC} runs without pipelining or in the interleaved 1F1B "
+                                f"('virtual_pipeline_model_parallel_size must be specified when "
+                                f"pipeline_model_parallel_size > 1'); pp={lay.pp}, vp={lay.vp}, schedule={sched.name}.",
+                                "use schedule=interleaved_1f1b with layout.vp>=2 (or layout.pp=1), " + off))
+    if tr.recompute.value == "full":
+        problems.append(Problem("stack.ep_overlap, training.recompute", f"{_EP_OVERLAP_SRC} refuses full "
+                                "recomputation ('disable full recomputation when enabling "
+                                "overlap_moe_expert_parallel_comm').", "use training.recompute=selective or none, " + off))
+    if tr.precision.value == "fp32":
+        problems.append(Problem("stack.ep_overlap, training.precision", f"{_EP_OVERLAP_SRC} runs only with a bf16 "
+                                "or fp16 model; precision=fp32.", "use training.precision=bf16 (or fp8), " + off))
+    if tr.mtp_depth > 1:
+        problems.append(Problem("stack.ep_overlap, training.mtp_depth", f"{_EP_OVERLAP_SRC} supports at most one "
+                                f"MTP layer; mtp_depth={tr.mtp_depth}.", "use training.mtp_depth<=1, " + off))
 
 
 def _check_uneven(spec: Config, dp: int, problems: list[Problem]) -> int:
