@@ -193,3 +193,54 @@ def test_torchtitans_float8_saves_bf16_inputs_and_the_plan_holds_them_so():
     bf16, fp8 = memory_only(spec), memory_only(compose(te + ["training.precision=fp8"]))
     loss = LOSSES["megatron"].peak_bytes * spec.training.seq_len * spec.training.micro_batch * spec.model.vocab
     assert fp8.activations - loss == pytest.approx(FP8_ACT * (bf16.activations - loss), rel=1e-9)
+
+
+def test_torchtitans_own_block_keeps_what_the_plan_holds_per_layer():
+    """torchtitan 0.2's own Llama 3 TransformerBlock in eager bf16 under its own apply_ac
+    (tests/torchtitan_act_bytes.py counts every storage its ops make until freed): under op-level
+    selective AC it keeps between forward and backward what ModelMath holds for the 2024-12 release's
+    policy (stack.selective=every_other_matmul_split_qkv: the input, every odd-numbered matmul's
+    output, the attention output and its fp32 log-sum-exp), under full AC its input only."""
+    import frameworks
+    from orchestrator import compose
+    from orchestrator.plan.model import ModelMath
+
+    release = "torchtitan-0.2.0"
+    if not frameworks.installed(release):
+        pytest.skip(f"{release} is not installed: python tests/frameworks.py (make test does)")
+    code = f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_act_bytes.py')!r}, run_name='__main__')"
+    r = frameworks.run(release, code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    spec = compose(["model=tiny", f"model.hidden={got['hidden']}", "model.layers=1", f"model.heads={got['heads']}",
+                    f"model.kv_heads={got['kv_heads']}", f"model.ffn_hidden={got['ffn_hidden']}"])
+    mm = ModelMath(spec.model)
+    assert mm.m.mlp == "swiglu" and not mm.dropout
+    sel = mm.layer_act_bytes(0, got["seq"], "selective", True, "every_other_matmul_split_qkv")
+    assert got["selective"]["kept"] == sel, (got, sel)
+    assert got["full"]["kept"] == mm.layer_act_bytes(0, got["seq"], "full", True), got
+    # the backward re-materialises the block: more than it kept (eager: fp32 norm and rotary copies)
+    assert got["full"]["backward_peak"] > mm.layer_act_bytes(0, got["seq"], "none", True) > sel, got
+
+
+def test_the_inventory_holds_torchtitans_published_peaks_it_can_account_for():
+    """torchtitan's 2024-12 benchmark (benchmarks/llama3_h100_202412_torchtitan.md, peak reserved memory):
+    eager Llama 3.1 8B with op-level SAC, 82.4 GiB on 8 GPUs and 67.0 on 128 (Tables 1 and 3; within 10%:
+    what eager adds over the compiled runs, 5.4 and 5.0 GiB, is not in what its blocks keep, counted
+    above); and the 405B 3D run with Interleaved 1F1B, 72.7 GiB (Table 5): its stages keep their weights
+    gathered and their gradients unsharded in fp32 until the last micro-batch (torch's pipelining with
+    FSDP2), and torch's warmup stops at all 8 micro-batches of both chunks."""
+    from orchestrator.published import calibrate as C
+    from orchestrator.plan.judge import memory_only
+
+    want = {"torchtitan 2024-12 Llama 3.1 8B FSDP8, 8 H100": 82.4,
+            "torchtitan 2024-12 Llama 3.1 8B FSDP128, 128 H100": 67.0,
+            "torchtitan 2024-12 Llama 3.1 405B 3D Interleaved 1F1B, 512 H100": 72.7}
+    rows = {r.name: r for r in C.load_runs() if r.name in want}
+    assert set(rows) == set(want)
+    for name, pub in want.items():
+        spec = C.row_spec(rows[name])
+        m = memory_only(spec)
+        assert m.per_gpu_bytes / 2**30 == pytest.approx(pub, rel=0.10), (name, m.per_gpu_bytes / 2**30, pub)
+        if spec.layout.pp > 1:
+            assert m.grads > m.optimizer  # fp32 unsharded: 4 bytes a parameter against 12 over 8 ranks
