@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from orchestrator.plan.kernels import LOSSES, LOW_PRECISION
+from orchestrator.plan.kernels import LOSSES, LOW_PRECISION, loss_kernels
 from orchestrator.plan.stages import Stage, buffer_grad_bytes, held
 from orchestrator.plan.layout import Layout
 
@@ -116,7 +116,7 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
     if st.outputs or (mirror is not None and mirror.outputs):
         # the loss over the vocabulary at its peak: what its kernels keep of the logits (kernels.LOSSES)
         loss = getattr(stack, "cross_entropy", None)
-        acts += LOSSES[loss.value if loss is not None else "torch"].peak_bytes * tokens * vocab / t
+        acts += LOSSES[loss_kernels(loss.value if loss is not None else "torch", t)].peak_bytes * tokens * vocab / t
     # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched): a
     # layer each, or where the stack gathers per submodule (stack.zero3_gathers_per_layer > 1,
     # DeepSpeed) the largest submodule, about a third of a layer (an MLP linear's 4h^2 of 12h^2).
