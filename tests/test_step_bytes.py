@@ -271,3 +271,19 @@ def test_under_pipelining_fsdp2_holds_unsharded_fp32_gradients_and_the_plan_hold
         shard = 1 if pp > 1 else shaped.layout.dp_shard
         assert spec.stack.grad_bytes == counted["reduce_bytes"]
         assert mem.grads == pytest.approx(spec.stack.grad_bytes * st.params / shaped.layout.tp / shard, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp,vp,m", [(8, 2, 8), (8, 2, 16), (4, 2, 4), (4, 4, 8), (4, 2, 12)])
+def test_the_first_rank_holds_the_micro_batches_torchs_interleaved_warmup_runs(pp, vp, m):
+    """torch's ScheduleInterleaved1F1B runs _get_warmup_ops chunk forwards on rank 0 before its first
+    backward, and one more in the first steady 1F1B step, never more than every chunk of every
+    micro-batch: the activations of (those chunks) / vp micro-batches of the rank's layers, which is
+    what the schedule entry's held says (torchtitan's 405B 3D run: pp 8, vp 2, 8 micro-batches: all 8)."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    from orchestrator.config.schedules import SCHEDULES
+
+    rounds = max(1, m // pp)
+    warmup = _get_warmup_ops(0, vp, m // rounds, pp, m)
+    chunks = min(warmup + 1, m * vp)
+    assert SCHEDULES["interleaved_1f1b"].held(pp, vp, m, 0) == pytest.approx(chunks / vp, rel=1e-12)

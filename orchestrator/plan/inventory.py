@@ -20,7 +20,8 @@ Activations per micro-batch are the layer's bytes per token (model.py) x tokens
 per GPU (s/cp x b), divided by TP (sequence parallelism shards what TP does
 not). The number of micro-batches in flight is the schedule's: GPipe keeps all m;
 1F1B keeps pp - i on stage i (the first stage a whole model's worth of layers);
-interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti et al. 2022).
+interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti et al. 2022), up to all m (the warmup
+stops at every chunk of every micro-batch: config/schedules.py).
 """
 from __future__ import annotations
 
