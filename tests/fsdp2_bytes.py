@@ -126,6 +126,44 @@ def _model():
     return model
 
 
+def _pipelined() -> list[int]:
+    """The same toy as one stage of torch's own pipelining (PipelineStage, Schedule1F1B, a pipeline group
+    of one) over FSDP2 units as torchtitan shards them under pipelining (reshard_after_forward=False):
+    the bytes of gradient each rank holds after each micro-batch's backward, as FSDP2 keeps them (the
+    fp32 accumulation of the unsharded gradient, or the unsharded gradient itself)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.manual_seed(0)
+    model = Toy()
+    mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("pp", "dp"))
+    kw = dict(mesh=mesh["dp"], reshard_after_forward=False,
+              mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    for b in model.blocks:
+        fully_shard(b, **kw)
+    fully_shard(model, **kw)
+    stage = PipelineStage(model, 0, 1, torch.device("cpu"), group=mesh["pp"].get_group())
+    states = [fully_shard.state(m) for m in (model, *model.blocks)]
+    params = [fp for st in states for g in (getattr(st, "_fsdp_param_groups", None) or [st._fsdp_param_group])
+              for fp in g.fsdp_params]
+    held = []
+    backward = stage.backward_maybe_with_nosync
+
+    def watched(*args, **kwargs):
+        out = backward(*args, **kwargs)
+        grads = [fp.unsharded_accumulated_grad if fp.unsharded_accumulated_grad is not None
+                 else getattr(getattr(fp, "_unsharded_param", None), "grad", None) for fp in params]
+        held.append(sum(g.numel() * g.element_size() for g in grads if g is not None))
+        return out
+
+    stage.backward_maybe_with_nosync = watched
+    schedule = Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=lambda out, target: (out.float() - target).pow(2).mean())
+    g = torch.Generator().manual_seed(7)
+    schedule.step(torch.randn(BATCH * MICRO, HIDDEN, generator=g), target=torch.randn(BATCH * MICRO, 16, generator=g))
+    return held
+
+
 def worker(rank, world, outdir):
     xs = [torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(1 + rank * MICRO + i))
           for i in range(MICRO)]
@@ -150,6 +188,7 @@ def worker(rank, world, outdir):
             opt.zero_grad()
         result[impl] = dict(clip=clip.ops, adamw=adam.ops)
         result["fsdp"] = fsdp_ops.ops
+    result["pipelined_grad_bytes"] = _pipelined()
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:

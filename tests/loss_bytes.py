@@ -126,6 +126,43 @@ def torch_loss(logits, labels, mode=None):
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
+def torch_parallel_loss():
+    """torch's vocabulary-parallel loss (torch.distributed.tensor.parallel.loss_parallel: torchtitan's and
+    this runtime's loss wherever TP > 1), on a tensor-parallel group of one. Its DTensor handlers run
+    local kernels out of this mode's sight, so the local functions they call are run here in their place,
+    as autograd calls them: forward, _log_softmax (the fp32 logits in) then _nll_loss_forward on its
+    result; backward, _nll_loss_and_log_softmax_backward on that saved result (the log_softmax backward
+    handler only casts, to fp32 from fp32: nothing)."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss as lp
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    mean = 1  # torch's Reduction.MEAN, F.cross_entropy's default
+
+    class LossParallel(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, target):
+            res = lp._log_softmax(x, 1, False, mesh, 0)
+            loss, total = lp._nll_loss_forward(res, target, None, None, mean, -100, res.shape, 1, mesh, 0)
+            ctx.save_for_backward(res, target, total)
+            return loss
+
+        @staticmethod
+        def backward(ctx, grad):
+            res, target, total = ctx.saved_tensors
+            return lp._nll_loss_and_log_softmax_backward(grad, res, target, None, mean, -100, total, res.shape, 1,
+                                                         mesh, 0), None
+
+    def loss(logits, labels, mode=None):
+        return LossParallel.apply(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    return loss
+
+
 def megatron_loss(fused: bool):
     import megatron.core.jit as jit
     import torch.distributed as dist
@@ -187,6 +224,7 @@ def main() -> None:
     except ImportError as e:  # run without megatron-core on the path
         out["megatron_error"] = str(e)
         impls = {"torch": torch_loss}
+    impls["torch_parallel"] = torch_parallel_loss()
     for impl, loss_of in impls.items():
         out[impl], out[impl + "_peak_bytes"] = counted(loss_of)
     out["inductor"], out["inductor_saved_bytes"] = inductor()

@@ -20,7 +20,7 @@ def test_megatron_selective_keeps_34sbh_per_layer_and_this_runtimes_keeps_a_thir
     """Korthikanti et al. 2022: with TP+SP and selective recompute a GPT layer keeps 34 s b h / t
     bytes, flash attention or not. This runtime's selective (norms, MLP input, SwiGLU product
     too) keeps 30-35% less, and pays for it in recompute time."""
-    from orchestrator.plan.kernels import LOSSES  # the loss's logit memory (tests/test_step_bytes.py)
+    from orchestrator.plan.kernels import LOSSES, loss_kernels  # the loss's logit memory (tests/test_step_bytes.py)
 
     s, b, h, t, L, V = 2048, 1, 25600, 8, 8, 51200
     logits = s * b * V / t
@@ -30,7 +30,8 @@ def test_megatron_selective_keeps_34sbh_per_layer_and_this_runtimes_keeps_a_thir
         assert core.memory.activations == pytest.approx(L * 34 * s * b * h / t + LOSSES["megatron"].peak_bytes * logits,
                                                         rel=1e-6)
     ours = plan_of(*GPT_LAYERS, "stack=orchestrator", "training.recompute=selective")
-    assert 0.62 <= (ours.memory.activations - LOSSES["torch"].peak_bytes * logits) / (L * 34 * s * b * h / t) <= 0.70
+    # this runtime's torch loss under TP is loss_parallel's (orchestrator/train/trainer.py)
+    assert 0.62 <= (ours.memory.activations - LOSSES[loss_kernels("torch", t)].peak_bytes * logits) / (L * 34 * s * b * h / t) <= 0.70
     none = plan_of(*GPT_LAYERS, "stack=orchestrator", "training.recompute=none")
     assert ours.step.wall_s > none.step.wall_s  # the recompute is costed
 

@@ -102,14 +102,14 @@ def loss_counted() -> dict:
 
 def test_the_loss_moves_what_each_stacks_own_code_moves(loss_counted):
     """plan/kernels.LOSSES against the logit-sized traffic and memory counted on torch's eager and
-    compiled cross_entropy and megatron-core's unfused and fused vocab-parallel ones, forward and
+    compiled cross_entropy, its vocabulary-parallel one (loss_parallel's local kernels) and megatron-core's unfused and fused vocab-parallel ones, forward and
     backward (the compiled loss's memory: the bf16 logits it saves, then the bf16 gradient)."""
     from orchestrator.plan.kernels import LOSSES
 
     assert "megatron_error" not in loss_counted, loss_counted
-    for impl in ("torch", "inductor", "megatron", "megatron_fused"):
+    for impl in ("torch", "torch_parallel", "inductor", "megatron", "megatron_fused"):
         assert LOSSES[impl].elements == pytest.approx(loss_counted[impl], abs=0.05), (impl, loss_counted)
-    for impl in ("torch", "megatron", "megatron_fused"):
+    for impl in ("torch", "torch_parallel", "megatron", "megatron_fused"):
         assert LOSSES[impl].peak_bytes == loss_counted[impl + "_peak_bytes"], (impl, loss_counted)
     assert LOSSES["inductor"].peak_bytes == loss_counted["inductor_saved_bytes"] + 2.0, loss_counted
 
@@ -208,3 +208,97 @@ def test_the_clip_is_priced_where_the_run_clips():
         off = plan_of(*run, f"stack={stack}", "training.max_norm=0").step.wall_s
         assert off < clipped, (stack, off, clipped)
         assert plan_of(*run, f"stack={stack}", "stack.grad_clip=false").step.wall_s == off
+
+
+def test_torchtitans_own_block_keeps_what_the_plan_holds_per_layer():
+    """torchtitan 0.2's own Llama 3 TransformerBlock in eager bf16 under its own apply_ac
+    (tests/torchtitan_act_bytes.py counts every storage its ops make until freed): under op-level
+    selective AC it keeps between forward and backward what ModelMath holds for the 2024-12 release's
+    policy (stack.selective=every_other_matmul_split_qkv: the input, every odd-numbered matmul's
+    output, the attention output and its fp32 log-sum-exp), under full AC its input only."""
+    import frameworks
+    from orchestrator import compose
+    from orchestrator.plan.model import ModelMath
+
+    release = "torchtitan-0.2.0"
+    if not frameworks.installed(release):
+        pytest.skip(f"{release} is not installed: python tests/frameworks.py (make test does)")
+    code = f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'torchtitan_act_bytes.py')!r}, run_name='__main__')"
+    r = frameworks.run(release, code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    spec = compose(["model=tiny", f"model.hidden={got['hidden']}", "model.layers=1", f"model.heads={got['heads']}",
+                    f"model.kv_heads={got['kv_heads']}", f"model.ffn_hidden={got['ffn_hidden']}"])
+    mm = ModelMath(spec.model)
+    assert mm.m.mlp == "swiglu" and not mm.dropout
+    sel = mm.layer_act_bytes(0, got["seq"], "selective", True, "every_other_matmul_split_qkv")
+    assert got["selective"]["kept"] == sel, (got, sel)
+    assert got["full"]["kept"] == mm.layer_act_bytes(0, got["seq"], "full", True), got
+    # the backward re-materialises the block: more than it kept (eager: fp32 norm and rotary copies)
+    assert got["full"]["backward_peak"] > mm.layer_act_bytes(0, got["seq"], "none", True) > sel, got
+
+
+def test_the_inventory_holds_torchtitans_published_peaks_it_can_account_for():
+    """torchtitan's 2024-12 benchmark (benchmarks/llama3_h100_202412_torchtitan.md, peak reserved memory):
+    eager Llama 3.1 8B with op-level SAC, 82.4 GiB on 8 GPUs and 67.0 on 128 (Tables 1 and 3; within 10%:
+    what eager adds over the compiled runs, 5.4 and 5.0 GiB, is not in what its blocks keep, counted
+    above); the 70B 2D run with AsyncTP, 67.6 GiB (Table 4: under TP the loss is loss_parallel's, 16 bytes
+    a logit; the vanilla-TP run's 71.9 is 10.3% over, a difference the inventory does not model); and the
+    405B 3D run with Interleaved 1F1B, 72.7 GiB (Table 5): its stages keep their weights gathered and
+    their gradients unsharded in fp32 until the last micro-batch (torch's pipelining with FSDP2), and
+    torch's warmup stops at all 8 micro-batches of both chunks."""
+    from orchestrator.published import calibrate as C
+    from orchestrator.plan.judge import memory_only
+
+    want = {"torchtitan 2024-12 Llama 3.1 8B FSDP8, 8 H100": 82.4,
+            "torchtitan 2024-12 Llama 3.1 8B FSDP128, 128 H100": 67.0,
+            "torchtitan 2024-12 Llama 3.1 70B 2D + AsyncTP, 256 H100": 67.6,
+            "torchtitan 2024-12 Llama 3.1 405B 3D Interleaved 1F1B, 512 H100": 72.7}
+    rows = {r.name: r for r in C.load_runs() if r.name in want}
+    assert set(rows) == set(want)
+    for name, pub in want.items():
+        spec = C.row_spec(rows[name])
+        m = memory_only(spec)
+        assert m.per_gpu_bytes / 2**30 == pytest.approx(pub, rel=0.10), (name, m.per_gpu_bytes / 2**30, pub)
+        if spec.layout.pp > 1:
+            assert m.grads > m.optimizer  # fp32 unsharded: 4 bytes a parameter against 12 over 8 ranks
+
+
+def test_under_pipelining_fsdp2_holds_unsharded_fp32_gradients_and_the_plan_holds_them_so(counted):
+    """torch's own pipelining over FSDP2 units sharded as torchtitan shards them under PP
+    (tests/fsdp2_bytes.py: PipelineStage, Schedule1F1B): after every micro-batch's backward each rank
+    holds the whole unsharded gradient in the reduce dtype (fp32), not its shard; a torchtitan plan with
+    pp > 1 holds stack.grad_bytes per parameter of the stage, unsharded, where without pp it holds the
+    data-parallel shard."""
+    from orchestrator import compose
+    from orchestrator.plan.judge import memory_only
+    from orchestrator.plan.plan import shape_plan
+
+    per_rank = counted["reduce_bytes"] * counted["unsharded_elems"]
+    assert counted["pipelined_grad_bytes"] == [per_rank] * counted["microbatches"], counted["pipelined_grad_bytes"]
+    base = ["model=tiny", "stack=torchtitan", "hardware=h100_sxm", "cluster.nodes=1", "hardware.gpus_per_node=4",
+            "training.global_batch=16"]
+    for pp in (1, 2):
+        spec = compose(base + [f"layout.pp={pp}", f"layout.dp={4 // pp}"])
+        shaped = shape_plan(spec)
+        mem = memory_only(spec)
+        st = shaped.stages[mem.stage]
+        shard = 1 if pp > 1 else shaped.layout.dp_shard
+        assert spec.stack.grad_bytes == counted["reduce_bytes"]
+        assert mem.grads == pytest.approx(spec.stack.grad_bytes * st.params / shaped.layout.tp / shard, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp,vp,m", [(8, 2, 8), (8, 2, 16), (4, 2, 4), (4, 4, 8), (4, 2, 12)])
+def test_the_first_rank_holds_the_micro_batches_torchs_interleaved_warmup_runs(pp, vp, m):
+    """torch's ScheduleInterleaved1F1B runs _get_warmup_ops chunk forwards on rank 0 before its first
+    backward, and one more in the first steady 1F1B step, never more than every chunk of every
+    micro-batch: the activations of (those chunks) / vp micro-batches of the rank's layers, which is
+    what the schedule entry's held says (torchtitan's 405B 3D run: pp 8, vp 2, 8 micro-batches: all 8)."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    from orchestrator.config.schedules import SCHEDULES
+
+    rounds = max(1, m // pp)
+    warmup = _get_warmup_ops(0, vp, m // rounds, pp, m)
+    chunks = min(warmup + 1, m * vp)
+    assert SCHEDULES["interleaved_1f1b"].held(pp, vp, m, 0) == pytest.approx(chunks / vp, rel=1e-12)

@@ -16,7 +16,10 @@ L405 = ["hardware=h100_sxm", "model=llama3_405b", "training.seq_len=8192", "trai
 
 
 def test_llama3_405b_8k_validates():
-    plan = plan_of(*L405, "cluster.nodes=1024", "layout.tp=8", "layout.cp=1", "layout.pp=16", "layout.dp=64")
+    # Meta's own stack: this runtime under torch's pipelining keeps FSDP2's gradients unsharded until the
+    # last micro-batch (tests/test_step_bytes.py), 5.9 GiB more on this layout, which then does not fit
+    plan = plan_of(*L405, "stack=llama3_meta", "cluster.nodes=1024", "layout.tp=8", "layout.cp=1", "layout.pp=16",
+                   "layout.dp=64")
     assert plan.valid, plan.errors
     assert plan.memory.fits
 

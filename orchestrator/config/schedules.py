@@ -104,8 +104,12 @@ def _one_f_one_b_held(pp: int, vp: int, m: int, stage: int) -> float:
 
 
 def _interleaved_held(pp: int, vp: int, m: int, stage: int) -> float:
+    """Korthikanti et al.'s pp - stage micro-batches x (1 + (pp-1)/(pp vp)), at most all m of them: both
+    torch's and Megatron's warmup stop at every chunk's forward of every micro-batch (torch:
+    _get_warmup_ops caps the warmup at n_microbatches x n_local_stages; Megatron-Core: at
+    num_microbatches x num_model_chunks), so with m = pp the first rank holds m, not 1.44 m."""
     held = float(min(pp - stage, m))
-    return held * (1.0 + (pp - 1) / (pp * vp)) if vp > 1 else held
+    return min(held * (1.0 + (pp - 1) / (pp * vp)), float(m)) if vp > 1 else held
 
 
 def _stages_txt(pp: int, chunks: int) -> str:

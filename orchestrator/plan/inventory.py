@@ -4,7 +4,9 @@ Model states are 16 bytes per parameter (bf16 weights 2, bf16 gradients 2, fp32
 master weights and Adam m and v 12; the stack's `grad_bytes` for gradients: Megatron,
 Llama 3 and DeepSeek-V3 keep fp32 main gradients, 4), divided by TP x PP (each GPU holds its
 stage's shard), and by the data-parallel group for whatever ZeRO/FSDP shards:
-stage 1 the optimizer, 2 also gradients, 3 also weights. FSDP shards over data
+stage 1 the optimizer, 2 also gradients, 3 also weights (under pipelining, a stack that keeps the
+weights gathered, stack.pp_keeps_weights_gathered, holds the gradients unsharded as well: torch's
+pipeline stages defer FSDP2's reduce-scatter to the last micro-batch). FSDP shards over data
 x context ranks, as torchtitan does. Expert weights are divided by the expert
 grid's etp x ep and sharded over its expert-data-parallel group (edp).
 
@@ -18,13 +20,14 @@ Activations per micro-batch are the layer's bytes per token (model.py) x tokens
 per GPU (s/cp x b), divided by TP (sequence parallelism shards what TP does
 not). The number of micro-batches in flight is the schedule's: GPipe keeps all m;
 1F1B keeps pp - i on stage i (the first stage a whole model's worth of layers);
-interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti et al. 2022).
+interleaving multiplies by 1 + (pp-1)/(pp*vp) (Korthikanti et al. 2022), up to all m (the warmup
+stops at every chunk of every micro-batch: config/schedules.py).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from orchestrator.plan.kernels import LOSSES, LOW_PRECISION
+from orchestrator.plan.kernels import LOSSES, LOW_PRECISION, loss_kernels
 from orchestrator.plan.stages import Stage, buffer_grad_bytes, held
 from orchestrator.plan.layout import Layout
 
@@ -88,19 +91,25 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
     shard = d.dp_shard * c  # FSDP / ZeRO group of dense weights (one copy of the state)
 
     gb = _grad_bytes(spec) if grad_bytes is None else grad_bytes
+    stack = getattr(spec, "stack", None)
+    # Under pipelining a stack that keeps the weights gathered (torch.distributed.pipelining with FSDP2)
+    # keeps the gradients unsharded too: every micro-batch's backward but the last runs with
+    # set_requires_gradient_sync(False) (PipelineStage.backward_maybe_with_nosync), and FSDP2 accumulates
+    # each unsharded gradient in its reduce dtype (FSDPParam.to_accumulated_grad_if_needed: fp32,
+    # stack.grad_bytes) until the last backward reduce-scatters it: held as the weights are.
+    grad_level = 3 if d.pp > 1 and getattr(stack, "pp_keeps_weights_gathered", False) else 2
     if mirror is not None:
         params = 2.0 * (held(st, d, 3) + held(mirror, d, 3))
-        grads = gb * (held(st, d, 2) + held(mirror, d, 2))
+        grads = gb * (held(st, d, grad_level) + held(mirror, d, grad_level))
         optimizer = tr.optimizer_bytes * (held(st, d, 1) + held(mirror, d, 1)) / 2
         act_tok = (st.act_tok + mirror.act_tok) / 2
     else:
         copies = float(d.schedule.weight_copies)
         params = copies * 2.0 * held(st, d, 3)
-        grads = copies * gb * held(st, d, 2)
+        grads = copies * gb * held(st, d, grad_level)
         optimizer = tr.optimizer_bytes * held(st, d, 1)
         act_tok = st.act_tok
     tokens = tr.seq_len / c * tr.micro_batch
-    stack = getattr(spec, "stack", None)
     fp8_saved = tr.precision.value in LOW_PRECISION and getattr(stack, "fp8_saves_fp8", True)
     acts = act_tok * tokens / t * in_flight(d, st.index) * (FP8_ACT if fp8_saved else 1.0)
     if tr.recompute == "full" and st.act_tok_layer_max:
@@ -108,7 +117,7 @@ def stage_memory(st: Stage, d: Layout, hw, tr, vocab: int, spec=None, grad_bytes
     if st.outputs or (mirror is not None and mirror.outputs):
         # the loss over the vocabulary at its peak: what its kernels keep of the logits (kernels.LOSSES)
         loss = getattr(stack, "cross_entropy", None)
-        acts += LOSSES[loss.value if loss is not None else "torch"].peak_bytes * tokens * vocab / t
+        acts += LOSSES[loss_kernels(loss.value if loss is not None else "torch", t)].peak_bytes * tokens * vocab / t
     # Other: reserve, plus FSDP's all-gathered weights of two units (current and prefetched): a
     # layer each, or where the stack gathers per submodule (stack.zero3_gathers_per_layer > 1,
     # DeepSpeed) the largest submodule, about a third of a layer (an MLP linear's 4h^2 of 12h^2).

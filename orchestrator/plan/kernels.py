@@ -279,6 +279,12 @@ EAGER = {"rmsnorm": 46.0, "swiglu": 6.0, "rope": 4.0}
 #   bf16 logits and write the fp32 gradient (4), backward an in-place multiply by the per-token loss
 #   gradient (4) and autograd's cast to bf16 (3): 11; the fp32 gradient beside the logits: 6 bytes.
 #   Read from its code (Triton does not run here).
+# - torch_parallel: torch's cross_entropy where TP > 1 (torchtitan's and this runtime's loss_parallel:
+#   logits sharded over the vocabulary, torch.distributed.tensor.parallel.loss): its _log_softmax
+#   subtracts the all-reduced max, exponentiates, subtracts the all-reduced log-sum (cast, amax, sub,
+#   exp, sub: 2 fp32 tensors at once beside the fp32 input and the bf16 logits), and its fused nll and
+#   log_softmax backward builds a zeroed one-hot and returns (one_hot + exp(log-probs)) x grad: 42; the
+#   saved log-probabilities, the one-hot, the exp and their sum at once: 16 bytes.
 @dataclass(frozen=True)
 class Loss:
     elements: float  # moved per logit, fwd + bwd, 2-byte units
@@ -286,7 +292,14 @@ class Loss:
 
 
 LOSSES = {"torch": Loss(18.0, 12.0), "inductor": Loss(4.0, 4.0), "megatron": Loss(26.0, 6.0),
-          "megatron_fused": Loss(14.0, 6.0), "te": Loss(11.0, 6.0)}
+          "megatron_fused": Loss(14.0, 6.0), "te": Loss(11.0, 6.0), "torch_parallel": Loss(42.0, 16.0)}
+
+
+def loss_kernels(cross_entropy: str, tp: int) -> str:
+    """The LOSSES entry a stack's loss runs (stack.cross_entropy): torch's eager cross_entropy under
+    tensor parallelism is loss_parallel's (torchtitan and this runtime shard the logits over the
+    vocabulary wherever TP > 1)."""
+    return "torch_parallel" if cross_entropy == "torch" and tp > 1 else cross_entropy
 
 
 @lru_cache(maxsize=4096)
@@ -490,7 +503,7 @@ def shape_of(d, tr, hw, spec, coef: Coefficients | None = None) -> Shape:
         sp_relayout=(stack.activation_layout.value == "bsh" and d.tp > 1
                    and bool(spec.layout.sequence_parallel) and not stack.tp_overlap > 0
                    and hw.device.value != "cpu"),  # on a CPU the probe's per-call time holds them
-        loss=stack.cross_entropy.value,
+        loss=loss_kernels(stack.cross_entropy.value, d.tp),
         attn_speed=(_clamp(hw.flash2_speed, 1e-3, 1.0, 1.0)
                     if stack.attention_kernel.value == "flash2" else 1.0))
 

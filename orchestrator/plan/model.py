@@ -180,11 +180,13 @@ class ModelMath:
         op-level selective AC: the even-numbered matmuls (2nd, 4th, ...) and, in an MoE layer, the
         router and the routed experts run again; the block's input, the odd-numbered matmuls'
         outputs, the attention output and MoE's all-to-all outputs (dispatch and combine, saved as
-        communication) are kept."""
+        communication) are kept: what torchtitan's own block keeps in eager (tests/test_step_bytes.py)."""
         mms = self.block_matmuls(moe_layer, fused_qkv)
         again = sum(2.0 * k * n for i, (k, n, _) in enumerate(mms) if i % 2 == 1)
         kept = 2.0 * self.h + sum(2.0 * n for i, (_, n, _) in enumerate(mms) if i % 2 == 0)
-        kept += 2.0 * self.heads * self.v_dim  # the attention kernel's output
+        # the attention kernel's outputs: its bf16 output and its fp32 log-sum-exp per head (flash
+        # attention's backward takes both; tests/torchtitan_act_bytes.py counts them)
+        kept += 2.0 * self.heads * self.v_dim + 4.0 * self.heads
         if moe_layer:
             e = self.moe
             again += 2.0 * self.h * e.experts + 2.0 * e.experts_per_token * self._mats() * self.h * e.expert_ffn_hidden
