@@ -27,6 +27,12 @@ def flags(args: list[str]) -> dict:
     return out
 
 
+# torchtitan runs Llama 3.1 405B with full activation checkpointing (its benchmarks/llama3_h100_202412_
+# torchtitan.md, Tables 5-6): under torch's pipelining FSDP2 holds the unsharded fp32 gradients until the last
+# micro-batch, and the recipe's own recompute (Meta's: none) does not fit torchtitan's stack
+FULL_AC = ["training.recompute=full"]
+
+
 # ---- config ----------------------------------------------------------------------------
 def test_a_framework_trainer_plans_on_its_own_stack_unless_stack_is_given():
     from orchestrator import compose
@@ -37,7 +43,7 @@ def test_a_framework_trainer_plans_on_its_own_stack_unless_stack_is_given():
     assert typed(compose(["recipe=llama3_405b"])).stack.name == "llama3_meta"  # the recipe's, without a trainer
     assert typed(compose(["trainer=torchtitan", "stack=megatron_core"])).stack.name == "megatron_core"
     for t in ("torchtitan", "megatron"):
-        p = plan_of("recipe=llama3_405b", f"trainer={t}", "launcher=slurm")
+        p = plan_of("recipe=llama3_405b", f"trainer={t}", "launcher=slurm", *(FULL_AC if t == "torchtitan" else []))
         assert p.valid, p.errors
 
 
@@ -73,7 +79,7 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
         assert all(e.fix for e in p.errors) and "training.mtp_depth=0" in p.errors[1].fix + p.errors[2].fix
     p = plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.3", "layout.tp=2", "training.precision=fp8")
     assert [e.key for e in p.errors] == ["training.precision"], p.errors  # 0.3: float8 is a registry entry
-    p = plan_of("recipe=llama3_405b", "trainer=torchtitan", "trainer.version=0.3", "launcher=slurm")
+    p = plan_of("recipe=llama3_405b", "trainer=torchtitan", "trainer.version=0.3", "launcher=slurm", *FULL_AC)
     assert [e.key for e in p.errors] == ["training.precision"] and "precision=fp8" in p.errors[0].fix, p.errors
     assert plan_of(*SMALL, "trainer=torchtitan", "trainer.version=0.2", "layout.tp=2", "training.precision=fp8").valid
     # the CP method the plan prices is the one the framework runs, or the plan is refused
@@ -121,7 +127,8 @@ def test_what_the_framework_cannot_run_is_refused_before_launch():
 def test_what_the_installed_release_cannot_run_is_refused_before_launch(cli):
     """trainer.version unset: the line is the release installed for the ranks' interpreter, asked
     before launch (none here: 0.3, the newest), and what it refuses is a rejection, not a crash."""
-    r = cli("recipe=llama3_405b", "trainer=torchtitan", "launcher=slurm", "launcher.submit=false", "figures=false")
+    r = cli("recipe=llama3_405b", "trainer=torchtitan", "launcher=slurm", "launcher.submit=false", "figures=false",
+            *FULL_AC)
     assert r.returncode == 2 and "[training.precision]" in r.stderr and "torchtitan 0.3" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "internal error" not in r.stdout + r.stderr
 
@@ -151,7 +158,8 @@ def _preview(cli, trainer: str, *extra) -> str:
 def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(cli, trainer):
     trainer, _, version = trainer.partition("-")
     # 0.3's llama3_405b registry entry trains float8 linears: the recipe in fp8 (TT_CASES llama3_405b_fp8)
-    extra = {"": [], "0.2": ["trainer.version=0.2"], "0.3": ["trainer.version=0.3", "training.precision=fp8"]}
+    extra = {"": [], "0.2": ["trainer.version=0.2", *FULL_AC],
+             "0.3": ["trainer.version=0.3", "training.precision=fp8", *FULL_AC]}
     line = _preview(cli, trainer, *extra[version])
     assert line == golden(f"trainer_{trainer}{'_' + version if version else ''}.txt", line)
     f = flags(line.split())
@@ -159,7 +167,7 @@ def test_slurm_preview_shows_the_framework_command_line_rendered_from_the_plan(c
         words = line.split()
         parts = words[words.index("--parallelism.module_fqns_per_model_part") + 1:][:16 * 7]
         assert parts[0] == "tok_embeddings,layers.0" and parts[-1].endswith("norm,lm_head")
-        assert sum(p.count("layers.") for p in parts) == 126 and words[-1] == "activation-checkpoint:none"
+        assert sum(p.count("layers.") for p in parts) == 126 and words[-1] == "activation-checkpoint:full"
         assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--module"] == "" and "llama3" in words
         assert words[words.index("--config") + 1] == "llama3_405b"
     elif trainer == "torchtitan":  # TP8 PP16 DP64 interleaved over 7 chunks, the recipe's uneven split
@@ -212,11 +220,12 @@ TT_MOE = {"0.2": ["trainer.args=['--model.name=deepseek_v3','--model.flavor=debu
           "0.3": ["trainer.args=[--module, deepseek_v3, --config, deepseek_v3_debugmodel]"]}
 # (id, overrides, lines it is for): recipes and hand layouts with PP, interleaving, CP, FSDP, HSDP, EP
 TT_CASES = [
-    ("llama3_405b", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500"], ("0.2",)),
+    ("llama3_405b", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500", *FULL_AC], ("0.2",)),
     # 0.3's llama3_405b registry entry trains float8 linears (0.3 refuses the recipe's bf16)
-    ("llama3_405b_fp8", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500",
+    ("llama3_405b_fp8", ["recipe=llama3_405b", "launcher=slurm", "training.checkpoint.every=500", *FULL_AC,
                          "training.precision=fp8"], ("0.2", "0.3")),
-    ("llama3_405b_16k_fp8", ["recipe=llama3_405b_16k", "launcher=slurm", "training.precision=fp8"], ("0.2", "0.3")),
+    ("llama3_405b_16k_fp8", ["recipe=llama3_405b_16k", "launcher=slurm", "training.precision=fp8", *FULL_AC],
+     ("0.2", "0.3")),
     ("megatron_1t", ["recipe=megatron_1t", "launcher=slurm", "layout.zero=3"], ("0.2",)),  # no gpt_1t entry in 0.3
     # the recipe with what torchtitan runs instead of what it cannot (DualPipe, ZeRO-1, MTP): float8, EP64, PP16
     # (full recompute: torchao's float8 layers keep bf16 activations, too many for the recipe's selective)
