@@ -29,10 +29,10 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fsdp2_bytes import Count, _bytes, _tensors  # noqa: E402
+from live_bytes import Storages  # noqa: E402
 
 TOKENS, VOCAB = 64, 4096
 INDEXED = {"aten.nll_loss_forward", "aten.nll_loss_backward", "aten.index", "aten.index_put_", "aten.index_put"}
@@ -50,17 +50,7 @@ class LossCount(Count):
         self.paused = False
         self.indexed = 0
         self.regions = 0
-        self.live: dict[int, tuple[StorageWeakRef, int]] = {}  # logit-sized storages: data_ptr -> (ref, bytes)
-        self.peak = 0
-
-    def track(self, out) -> None:
-        """Note the logit-sized storages `out` holds; the peak of those alive."""
-        for t in _tensors(out):
-            if t.numel() >= TOKENS * VOCAB:
-                st = t.untyped_storage()
-                self.live.setdefault(st.data_ptr(), (StorageWeakRef(st), st.nbytes()))
-        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
+        self.storages = Storages(min_elements=TOKENS * VOCAB)  # the logit-sized ones alive
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = f"{func.namespace}.{func._opname}"
@@ -72,7 +62,7 @@ class LossCount(Count):
             self.indexed += _bytes([t for t in _tensors(result) if t.dim() > 0 and id(t) not in ins])
         else:
             result = super().__torch_dispatch__(func, types, args, kwargs)
-        self.track(result)
+        self.storages.note(result, name)
         return result
 
     def region(self, fn):
@@ -86,7 +76,7 @@ class LossCount(Count):
                 self.paused = False
             self.regions += _bytes(list({id(t): t for t in reads}.values()))
             self.regions += _bytes([t for t in _tensors(out) if t.dim() > 0])
-            self.track(out)
+            self.storages.note(out, fn.__name__)
             return out
         return run
 
@@ -118,7 +108,7 @@ def counted(loss_of) -> tuple[float, float]:
         loss.backward(torch.ones_like(loss) / loss.numel() if loss.dim() else None)
     assert leaf.grad is not None and leaf.grad.dtype == torch.bfloat16
     clone = 2 * TOKENS * VOCAB * 2  # the clone's read and write are the test's, not the loss's
-    return units(mode.total() - clone), mode.peak / (TOKENS * VOCAB)
+    return units(mode.total() - clone), mode.storages.peak / (TOKENS * VOCAB)
 
 
 def torch_loss(logits, labels, mode=None):

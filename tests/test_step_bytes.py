@@ -199,15 +199,27 @@ def test_torchtitans_float8_saves_bf16_inputs_and_the_plan_holds_them_so():
 
 def test_the_clip_is_priced_where_the_run_clips():
     """training.max_norm=0 (or a stack that never clips) takes the clip out of the step the plan
-    prices, for this runtime as for Megatron-LM: the optimizer step reads the gradients once less."""
-    from conftest import plan_of
+    prices, for this runtime as for Megatron-LM: the optimizer step reads and scales the gradients of
+    its shard once less (CLIP_BYTES per parameter of the shard), and nothing else moves."""
+    from orchestrator import compose
+    from orchestrator.config.compose import typed
+    from orchestrator.plan.kernels import CLIP_BYTES, step_features
+    from orchestrator.plan.plan import shape_plan
+    from orchestrator.plan.stages import held
 
     run = ["hardware=h100_sxm", "model=llama3_8b", "cluster.nodes=1", "layout.tp=8", "training.global_batch=8"]
     for stack in ("orchestrator", "megatron_core"):
-        clipped = plan_of(*run, f"stack={stack}").step.wall_s
-        off = plan_of(*run, f"stack={stack}", "training.max_norm=0").step.wall_s
-        assert off < clipped, (stack, off, clipped)
-        assert plan_of(*run, f"stack={stack}", "stack.grad_clip=false").step.wall_s == off
+        once = {}
+        for extra in ((), ("training.max_norm=0",), ("stack.grad_clip=false",)):
+            spec = typed(compose([*run, f"stack={stack}", *extra]))
+            shaped = shape_plan(spec)
+            clip = spec.clip_norm() > 0
+            assert clip == (not extra), (stack, extra)
+            once[extra] = [step_features(st, shaped.layout, spec.stack, 1.0, clip).elem for st in shaped.stages]
+        shards = [held(st, shaped.layout, 1) for st in shaped.stages]
+        assert [a - b for a, b in zip(once[()], once[("training.max_norm=0",)])] == pytest.approx(
+            [CLIP_BYTES * n for n in shards], rel=1e-12), stack
+        assert once[("stack.grad_clip=false",)] == once[("training.max_norm=0",)], stack
 
 
 def test_torchtitans_own_block_keeps_what_the_plan_holds_per_layer():

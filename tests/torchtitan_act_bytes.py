@@ -12,12 +12,15 @@ block's). On a CPU the SDPA call dispatches to _scaled_dot_product_flash_attenti
 kernel of what the save list names for a GPU (_scaled_dot_product_flash_attention): it is saved
 alike. Prints one JSON object, bytes per token."""
 import json
+import os
+import sys
 from importlib.metadata import version
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from live_bytes import Storages  # noqa: E402
 
 from torch.utils._triton import has_triton_package  # noqa: E402
 
@@ -29,30 +32,16 @@ DIM, HEADS, KV_HEADS = 256, 8, 2
 
 
 class Live(TorchDispatchMode):
-    """Storages made by ops (not views of those made `outside`), alive now; the peak since `reset`."""
+    """Storages made by ops (not views of those made `outside`), alive now; the peak since `reset`
+    (tests/live_bytes.Storages)."""
 
     def __init__(self, outside=()):
         super().__init__()
-        self.outside = {t.untyped_storage().data_ptr() for t in outside}  # made before: weights, inputs
-        self.live: dict[int, tuple[StorageWeakRef, int, str]] = {}
-        self.peak = 0
-
-    def alive(self) -> int:
-        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-        return sum(v[1] for v in self.live.values())
-
-    def reset(self) -> None:
-        self.peak = self.alive()
+        self.storages = Storages(outside)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                st = t.untyped_storage()
-                old = self.live.get(st.data_ptr())
-                if st.nbytes() and st.data_ptr() not in self.outside and (old is None or old[0].expired()):
-                    self.live[st.data_ptr()] = (StorageWeakRef(st), st.nbytes(), f"{func} {tuple(t.shape)} {t.dtype}")
-        self.peak = max(self.peak, self.alive())
+        self.storages.note(out, str(func))
         return out
 
 
@@ -90,13 +79,14 @@ def measure(mode: str) -> dict:
     x = torch.randn(BATCH, SEQ, DIM, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(BATCH, SEQ, DIM, dtype=torch.bfloat16)
     live = Live([*block.parameters(), freqs, x, grad])
+    seen = live.storages
     with live:
         out = block(x, freqs, None)
-        kept = live.alive() - out.untyped_storage().nbytes() + x.untyped_storage().nbytes()
-        live.reset()
-        start = live.peak
+        kept = seen.alive() - out.untyped_storage().nbytes() + x.untyped_storage().nbytes()
+        seen.reset()
+        start = seen.peak
         out.backward(grad)
-        peak = live.peak - start
+        peak = seen.peak - start
     assert x.grad is not None
     tokens = BATCH * SEQ
     return {"kept": kept / tokens, "backward_peak": peak / tokens}
