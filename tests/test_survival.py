@@ -53,6 +53,20 @@ def test_a_crashed_rank_drops_its_copy_and_the_survivors_keep_the_batch_exact(tm
     assert plan["config"]["training"]["uneven_batch"] and plan["layout"]["microbatches"] == 6
 
 
+def test_a_rank_dead_of_its_own_segfault_is_a_crash_and_the_run_restarts_on_the_same_node(tmp_path, tiny_losses):
+    """One copy sharded over the 2 ranks of one node; rank 1 dies of its own SIGSEGV (a fault in
+    native code, as a gloo or driver bug ends a rank) after step 3: a crash, its node up, not a
+    lost node (with one node, that would leave nothing to run on). faulthandler's line is the
+    error; the run restarts on the same node from step 2's checkpoint with the same losses."""
+    r = run_cli([*COMMON, "cluster.nodes=1", "hardware.gpus_per_node=2", "layout.dp=2", "layout.dp_shard=2",
+                 "fault.kill_node=null", "fault.kind=segfault_rank", "fault.rank=1", "training.steps=4",
+                 "training.checkpoint.every=2"], tmp_path, timeout=600)
+    (event,) = _check(r, tmp_path / "run", tiny_losses, 4)
+    assert event["mode"] == "restart" and event["nodes_lost"] == [] and event["new_layout"]["nodes"] == 1, event
+    assert event["resumed_from_step"] == 2 and "SIGSEGV" in event["cause"], event
+    assert event["error"].startswith("Fatal Python error: Segmentation fault"), event
+
+
 def test_a_hung_rank_is_named_and_its_node_lost_and_the_restart_pads_the_short_replicas(tmp_path, tiny_losses):
     """One copy sharded over 4 (FSDP); rank 1 stops making progress before step 4: past the
     progress deadline it is named, its Python stack dumped into its log, its node lost. The

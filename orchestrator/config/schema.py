@@ -70,6 +70,9 @@ class FaultKind(str, Enum):
     kill_node = "kill_node"  # every process of fault.kill_node killed (a node lost)
     # global rank fault.rank exits with an error (a GPU fault, an OOM kill); its node stays up
     crash_rank = "crash_rank"
+    # global rank fault.rank dies of a fatal signal of its own (SIGSEGV: a fault in native code, a
+    # driver or library bug); its node stays up
+    segfault_rank = "segfault_rank"
     hang_rank = "hang_rank"  # global rank fault.rank stops making progress (blocks) before a step
     # every rank of node fault.kill_node sleeps fault.slow_s more each step from fault.at_step on
     # (a throttled GPU, a bad link): a straggler (failover.straggler_*)
@@ -78,6 +81,10 @@ class FaultKind(str, Enum):
     # from fault.at_step on (first attempt): its ranks stay alive in the cross-copy collective and
     # its leader's control connection stays up (a partition the control plane cannot see)
     cut_copy = "cut_copy"
+
+
+# the kinds that strike one global rank (fault.rank) before a step, its node left up
+RANK_KINDS = (FaultKind.crash_rank, FaultKind.segfault_rank, FaultKind.hang_rank)
 
 
 class BatchPolicy(str, Enum):
@@ -542,7 +549,7 @@ class FaultConfig:
     seed: int = 0
     rejoin_at_step: Optional[int] = None  # the killed node comes back once this many steps completed
     kind: FaultKind = FaultKind.kill_node
-    rank: Optional[int] = None  # the global rank a rank kind (crash_rank, hang_rank) strikes
+    rank: Optional[int] = None  # the global rank a rank kind (crash_rank, segfault_rank, hang_rank) strikes
     slow_s: float = 1.0  # slow_node: the extra seconds each of its ranks spends in every step
 
     def nodes(self) -> list:

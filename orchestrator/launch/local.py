@@ -23,16 +23,13 @@ from orchestrator.config.schema import FaultKind, FaultMode
 from orchestrator.launch import failover, faults, progress, stragglers
 from orchestrator.launch.keepers import LocalKeepers
 from orchestrator.launch.base import Launcher
-from orchestrator.launch.processes import LocalJob, _describe, last_error
+from orchestrator.launch.processes import LocalJob, _describe, crashed, last_error
 from orchestrator.launch.status import read_metrics, steps_completed
 from orchestrator.launch.supervisor import Outcome, Workers, supervise
 from orchestrator.launch.trainers import local_job
 from orchestrator.frameworks.trainers import external
 from orchestrator.train import keeper
 from orchestrator.plan import timeouts
-
-CRASHES = (1, 134, 139)  # an uncaught error, abort, segfault: a rank crashed (a fault until it repeats)
-
 
 class LocalWorkers(Workers):
     """The ranks of each attempt as processes here, one emulated node per `gpus_per_node`
@@ -254,7 +251,7 @@ class LocalWorkers(Workers):
                 if code in (0, EXIT_LEFT) or copy in dropped:
                     continue
                 node = self.job.node_of(slot)
-                if code > 0 and code not in CRASHES:  # the program stopped itself and said why
+                if code > 0 and not crashed(code):  # the program stopped itself and said why
                     self.stop()
                     return Outcome(False, [], f"copy {copy} slot {slot} on node {node} {_describe(code)}; logs in "
                                    f"{self.job.run_dir / rundir.LOGS}")
@@ -290,8 +287,8 @@ class LocalWorkers(Workers):
             time.sleep(0.05)
 
     def _seen(self, slot: int, code: int) -> None:
-        """A rank ended unexpectedly: a signal is its node lost, an error exit a crash (node up)."""
-        if code > 0:
+        """A rank ended unexpectedly: a crash (processes.crashed: its node stays up), else its node lost."""
+        if crashed(code):
             self.crash_error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot])
         elif self.job.node_of(slot) not in self.lost:
             self.lost.append(self.job.node_of(slot))
@@ -302,9 +299,9 @@ class LocalWorkers(Workers):
         (as launch/failover.decide says) every rank stops and the loop restarts."""
         failures, copies = [], set()
         for slot, code in hit:
-            node, crashed = self.job.node_of(slot), code > 0
-            error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot]) if crashed else None
-            if crashed:
+            node, crash = self.job.node_of(slot), crashed(code)
+            error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[slot]) if crash else None
+            if crash:
                 failures.append(failover.Failure(node, failover.CRASH, f"slot {slot} on node {node} crashed "
                                                  f"({_describe(code)}: {error}); node {node} stays up", error))
                 on = [slot]
@@ -329,12 +326,12 @@ class LocalWorkers(Workers):
         verdict = failover.decide(failures, self.policy.plan, copies_alive=len(active - dropped),
                                   spares=len(self.spares))
         cause = "; ".join(f.cause for f in failures)
-        crashed = any(f.kind == failover.CRASH for f in failures)
+        any_crash = any(f.kind == failover.CRASH for f in failures)
         if verdict.action not in ("in_place", "spare"):
             self.say(f"FAILURE: {verdict.reason}")
             self.stop()
-            return Outcome(False, list(self.lost), cause, self._detected(), crashed=crashed,
-                           error=self.crash_error if crashed else None)
+            return Outcome(False, list(self.lost), cause, self._detected(), crashed=any_crash,
+                           error=self.crash_error if any_crash else None)
         self.policy.detected = time.time()
         self.say(f"FAILURE: {cause}; copies {sorted(copies & active)} lost, the others go on in place")
         self.coordinator.lost(sorted(copies & active))
@@ -350,7 +347,7 @@ class LocalWorkers(Workers):
         if res.ok:
             return Outcome(True)
         detected = self._detected()
-        if res.failed_node is not None and not res.signalled and res.code in CRASHES:  # its node stays up
+        if res.failed_node is not None and crashed(res.code):  # its node stays up
             rank, beat = self._first_crashed()
             error = last_error(self.job.run_dir / rundir.LOGS, self.job.names[rank])
             detected = time.time() - beat.time if beat else None  # from its last sign of life
@@ -367,7 +364,7 @@ class LocalWorkers(Workers):
 
     def _first_crashed(self):
         """Of the ranks that exited with an error, the one furthest behind (its peers failed of it)."""
-        failed = {p.pid: r for r, p in enumerate(self.job.procs) if p.poll() in CRASHES}
+        failed = {p.pid: r for r, p in enumerate(self.job.procs) if crashed(p.poll())}
         beats = progress.read(self.run_dir, failed)
         if not beats:
             return min(failed.values()), None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.config.compose import to_dict
 from orchestrator.config.errors import Problem
-from orchestrator.config.schema import Config, FaultKind, FaultMode
+from orchestrator.config.schema import RANK_KINDS, Config, FaultKind, FaultMode
 from orchestrator.rundir import checkpoints as ckpt
 
 # Local places no run may write into (a typo away from damage).
@@ -43,7 +43,7 @@ def fault_problems(spec: Config) -> list[Problem]:
                            f"layout.dp={dp} with layout.dp_shard={shard} holds {copies} cop{'y' if copies == 1 else 'ies'}"
                            f", and with fewer than 3 no copy can tell which one is cut.",
                            "use at least 3 copies (e.g. layout.dp=4 layout.dp_shard=1), or another fault.kind."))
-    if f.kind in (FaultKind.crash_rank, FaultKind.hang_rank, FaultKind.cut_copy):
+    if f.kind in (*RANK_KINDS, FaultKind.cut_copy):
         world = nodes * spec.hardware.gpus_per_node
         if f.rank is None or not 0 <= f.rank < world:
             out.append(Problem("fault.rank", f"fault.kind={f.kind.value} needs a global rank 0 .. {world - 1}, got "

@@ -45,13 +45,36 @@ class LocalResult:
     cause: str = ""
     pids: list[int] = field(default_factory=list)
     seconds: float = 0.0
-    signalled: bool = False  # the failed rank was killed by a signal (a lost node), not an error exit
+    signalled: bool = False  # the failed rank was killed from outside (its node lost: node_lost), not a crash
     code: int | None = None  # the failed rank's own exit status
-    failed_nodes: list[int] = field(default_factory=list)  # every node whose ranks were killed (a signal)
+    failed_nodes: list[int] = field(default_factory=list)  # every node whose ranks were killed (node_lost)
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+# An uncaught error, an abort (134) or a segfault (139) as a shell reports them; a process's own
+# fatal signals as Popen reports them (-signal). A rank that ends so crashed: its node stays up
+# (a fault until it repeats). Any other signal killed it from outside: an (emulated) node lost.
+CRASH_STATUSES = (1, 134, 139)
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+
+
+def crashed(code: int | None) -> bool:
+    """A rank's exit status says it crashed (an error, or a fatal signal of its own)."""
+    return code is not None and (code in CRASH_STATUSES or (code < 0 and -code in CRASH_SIGNALS))
+
+
+def node_lost(code: int | None) -> bool:
+    """A rank's exit status says it was killed from outside: its node is lost."""
+    return code is not None and code < 0 and not crashed(code)
+
+
+def names_error(line: str) -> bool:
+    """A log line that names an exception, or faulthandler's line for a fatal signal."""
+    head = line.split(":", 1)[0]
+    return "Error" in head or "Exception" in head or line.startswith("Fatal Python error")
 
 
 def last_error(logs: Path, name: str) -> str:
@@ -62,7 +85,7 @@ def last_error(logs: Path, name: str) -> str:
                  if x.strip()]
     except OSError:
         return "no log"
-    errors = [x for x in lines if "Error" in x.split(":", 1)[0] or "Exception" in x.split(":", 1)[0]]
+    errors = [x for x in lines if names_error(x)]
     return (errors or lines or ["no output"])[-1][:300]
 
 
@@ -183,13 +206,14 @@ class LocalJob:
                     first = time.monotonic()
                 if failed and (time.monotonic() - first >= settle_s or all(c is not None for c in codes)):
                     rank, code = min(failed, key=lambda rc: rc[0] if rc[1] < 0 else rc[0] + self.world)
-                    # a rank killed by a signal is the cause; the others died of it
+                    # a rank killed by a signal (its node, or a fatal signal of its own) is the cause;
+                    # the others died of it
                     self.kill()
                     self._reap()
                     return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "
                                        f"{_describe(code)}", [p.pid for p in self.procs], time.monotonic() - t0,
-                                       signalled=code < 0, code=code,
-                                       failed_nodes=sorted({self.node_of(r) for r, c in failed if c < 0}))
+                                       signalled=node_lost(code), code=code,
+                                       failed_nodes=sorted({self.node_of(r) for r, c in failed if node_lost(c)}))
                 if all(c == 0 for c in codes):
                     self._reap()
                     return LocalResult(0, pids=[p.pid for p in self.procs], seconds=time.monotonic() - t0)

@@ -154,7 +154,7 @@ def local_only_problems(spec) -> list[Problem]:
     if spec.fault.kind == FaultKind.kill_node and spec.fault.kill_node is not None:  # the rank kinds and slow_node run
         out.append(Problem("fault.kill_node", "fault.kind=kill_node emulates a node loss in the local launcher; a "
                            "SLURM job has real nodes.", "unset fault.kill_node; fail a node with slurm/kill-node.sh "
-                           "NODE instead (fault.kind=crash_rank, hang_rank and slow_node are injected on SLURM)."))
+                           "NODE instead (fault.kind=crash_rank, segfault_rank, hang_rank and slow_node are injected on SLURM)."))
     return out
 
 

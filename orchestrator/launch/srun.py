@@ -109,13 +109,13 @@ def _crash_error(logs: Path, run_dir: Path) -> str | None:
     """The error the step's first crashed rank ended with (rank%t.log), None when none did: the
     rank furthest behind by its progress beat first (its peers then fail of it: "connection
     closed by peer"), then the others in order."""
-    from orchestrator.launch.processes import last_error
+    from orchestrator.launch.processes import last_error, names_error
 
     beats = progress.read(run_dir)
     first = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).task if beats else None
     for log in sorted(Path(logs).glob("rank*.log"), key=lambda p: (p.stem != f"rank{first}", p.name)):
         line = last_error(logs, log.stem)
-        if "Error" in line.split(":", 1)[0]:
+        if names_error(line):
             return line
     return None
 
@@ -289,7 +289,7 @@ class SrunWorkers(Workers):
     def _crashed(self, beat) -> Outcome:
         """A rank said it ended with an error of its own (its beat; its node is up): the step is
         stopped now, not after its peers' collective timeout, and the run goes on as after a crash."""
-        from orchestrator.launch.processes import last_error
+        from orchestrator.launch.processes import last_error, names_error
 
         detected = max(0.0, time.time() - beat.time)
         error, until = "", time.monotonic() + 5.0  # its error line reaches its log through srun (bounded)
@@ -337,7 +337,7 @@ class SrunWorkers(Workers):
         (SIGUSR1, which srun forwards; faulthandler), the hung one is named, and its node is
         treated as lost: the step ends and the run restarts without it (in place needs its
         ranks killed on their node, which this step cannot do alone)."""
-        from orchestrator.launch.processes import last_error
+        from orchestrator.launch.processes import last_error, names_error
 
         now = time.time()
         error = last_error(self.plan_dir / rundir.LOGS, f"rank{late.task}")

@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from orchestrator import rundir
 from orchestrator.rundir import EXIT_FAILED, EXIT_LEFT, EXIT_NO_CHECKPOINT, RankExit
-from orchestrator.config.schema import Device, FaultKind, FaultMode, Precision
+from orchestrator.config.schema import RANK_KINDS, Device, FaultKind, FaultMode, Precision
 from orchestrator.rundir import checkpoints as saves
 from orchestrator.rundir import events
 from orchestrator.rundir.metrics import measured_mfu
@@ -594,11 +594,12 @@ class Trainer:
             time.sleep(float(f.slow_s))
 
     def _fault_if_injected(self, step: int) -> None:
-        """fault.kind=crash_rank | hang_rank, the first attempt only (what runs after the recovery
-        is healthy): global rank fault.rank fails as a GPU fault would, or stops making progress
+        """fault.kind=crash_rank | segfault_rank | hang_rank, the first attempt only (what runs after the
+        recovery is healthy): global rank fault.rank fails as a GPU fault would (an error, or a fatal
+        signal in native code), or stops making progress
         (its peers then block in the step's first collective); its node stays up."""
         f = self.spec.fault
-        if (f.kind in (FaultKind.crash_rank, FaultKind.hang_rank) and self.launched_attempt == 0
+        if (f.kind in RANK_KINDS and self.launched_attempt == 0
                 and self.attempt == 0 and f.rank == self.rank and self.fault_step == step):
             _fail_rank(f.kind, self.rank, step)
 
@@ -700,9 +701,13 @@ class _Fault:
 
 
 def _fail_rank(kind: FaultKind, rank: int, step: int) -> None:
-    log.warning(f"fault injection: rank {rank} {'crashes' if kind == FaultKind.crash_rank else 'hangs'} before "
+    log.warning(f"fault injection: rank {rank} {'hangs' if kind == FaultKind.hang_rank else 'crashes'} before "
                 f"step {step + 1}")
     if kind == FaultKind.crash_rank:
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected: fault.kind=crash_rank)")
+    if kind == FaultKind.segfault_rank:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)  # the default action: the process dies, faulthandler's stack in its log
     while True:
         time.sleep(3600)

@@ -69,6 +69,7 @@ def main() -> None:
         log.info(placed)
     import faulthandler
 
+    faulthandler.enable()  # a fatal signal (a segfault in native code) leaves every thread's stack in the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks a hung rank for its stack
     stop = {"requested": False}
     for sig in (signal.SIGUSR2, signal.SIGTERM):  # SLURM: time limit (USR2), preemption (TERM first)
