@@ -401,6 +401,27 @@ def test_a_crashed_rank_stops_the_step_at_once_and_the_run_restarts(cluster, tmp
     assert samples_read(run) == list(range(8 * 16))
 
 
+def test_a_rank_dead_of_its_own_segfault_is_a_crash_and_the_run_restarts_on_every_node(cluster, tmp_path,
+                                                                                        reference):
+    """Rank 3 dies of its own SIGSEGV (a fault in native code: no Python error, no beat of its own)
+    before step 6. Its node stays up: a crash, not a node lost, so the restart keeps both nodes
+    (dp 4) and resumes from the checkpoint with the uninterrupted run's losses. Its log says how it
+    died (faulthandler's line, printed on a node that is up), so the supervisor does not wait out
+    the window in which SLURM would mark a lost node down (launcher.node_fail_wait_s) first."""
+    wait = 90
+    run = _detached_run_to_its_end(tmp_path, "layout.dp=4", "training.steps=8", "training.checkpoint.every=2",
+                                             "fault.kind=segfault_rank", "fault.rank=3", "fault.at_step=5",
+                                             "failover.timeout_s=120", f"launcher.node_fail_wait_s={wait}")
+    (event,) = failovers(run)
+    assert event["mode"] == "restart" and event["nodes_lost"] == [] and event["resumed_from_step"] == 4, event
+    assert event["error"].startswith("Fatal Python error: Segmentation fault"), event
+    assert event["seconds"]["detection"] < wait, event  # decided on the log, not after the node window
+    assert event["new_layout"]["dp"] == 4 and event["new_layout"]["nodes"] == 2, event
+    got = losses_by_step(run)
+    assert [got[s] for s in range(8)] == pytest.approx(reference[:8], rel=1e-5)
+    assert samples_read(run) == list(range(8 * 16))
+
+
 def test_a_standby_supervisor_takes_over_when_the_first_node_dies(cluster, tmp_path, reference):
     """#36: the supervisor's own node (node1, the batch step's: the supervisor, the coordinator, the
     store) dies as a machine that lost power (slurm/kill-node.sh --freeze: nothing of it reports

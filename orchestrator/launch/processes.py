@@ -71,10 +71,13 @@ def node_lost(code: int | None) -> bool:
     return code is not None and code < 0 and not crashed(code)
 
 
+FATAL_SIGNAL = "Fatal Python error"  # faulthandler's first line when a fatal signal ends the process
+
+
 def names_error(line: str) -> bool:
     """A log line that names an exception, or faulthandler's line for a fatal signal."""
     head = line.split(":", 1)[0]
-    return "Error" in head or "Exception" in head or line.startswith("Fatal Python error")
+    return "Error" in head or "Exception" in head or line.startswith(FATAL_SIGNAL)
 
 
 def last_error(logs: Path, name: str) -> str:

@@ -260,7 +260,14 @@ class SrunWorkers(Workers):
         if code == EXIT_STOPPED or self.stop_requested:
             self._close()
             return Outcome(False, [], "stopped on request (preemption or time limit)", stopped=True)
-        deadline = time.monotonic() + wait_s  # a rank dies of its peer before SLURM marks the node
+        # a rank dies of its peer before SLURM marks the node; not when a rank's own fatal signal
+        # ended the step (faulthandler's line: the rank's node was up to print it, a lost node's ranks
+        # print nothing)
+        from orchestrator.launch.processes import FATAL_SIGNAL
+
+        error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
+        own_signal = error is not None and error.startswith(FATAL_SIGNAL)
+        deadline = time.monotonic() + (0.0 if own_signal else wait_s)
         while time.monotonic() < deadline and not self.lost:
             for f in self._seen():
                 (self.drained if f.kind == failover.DRAINED else self.lost).append(f.node)
@@ -273,7 +280,7 @@ class SrunWorkers(Workers):
         if self.lost:
             return Outcome(False, list(self.lost), f"node(s) {self.lost} went down (SLURM); the step exited with "
                            f"{code}", drained=list(self.drained))
-        error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
+        error = error if own_signal else _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
             beats = progress.read(self.run_dir)  # detected: from the last sign of life of the rank furthest behind
             since = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).time if beats else None
@@ -295,7 +302,7 @@ class SrunWorkers(Workers):
         error, until = "", time.monotonic() + 5.0  # its error line reaches its log through srun (bounded)
         while time.monotonic() < until:
             error = last_error(self.plan_dir / rundir.LOGS, f"rank{beat.task}")
-            if "Error" in error.split(":", 1)[0] or "Exception" in error.split(":", 1)[0]:
+            if names_error(error):
                 break
             time.sleep(0.2)
         print(f"rank {beat.rank} on {beat.host} crashed ({error}); the step is stopped now (its peers would wait "
