@@ -1,12 +1,14 @@
 """launcher=local: the ranks as processes on this machine (launch/processes.py), supervised to
 the end by the `orchestrate` process with the failover loop every launcher shares.
 
-A rank killed by a signal is how an (emulated) node dies: with several copies of the
-model state the other copies go on in place (launch/inplace.py), otherwise the
+A rank killed from outside (SIGKILL) is how an (emulated) node dies: with several copies of
+the model state the other copies go on in place (launch/inplace.py), otherwise the
 supervisor re-plans on the other nodes and restarts; ranks that fail within the settle
 window are one failure, and launch/failover.py decides what it calls for. A rank that
-exits with an error is the program failing, not a node: the run stops and says why. SIGTERM and SIGINT stop
-every rank before the launcher exits.
+crashes (an uncaught error, or a fatal signal of its own such as a segfault in native code:
+processes.crashed) leaves its node up: recovered as a fault until the same error repeats. A
+rank that exits with any other status is the program stopping itself: the run stops and says
+why. SIGTERM and SIGINT stop every rank before the launcher exits.
 """
 from __future__ import annotations
 
