@@ -218,3 +218,39 @@ def test_a_stopped_slurm_batch_step_is_requeued_not_failed(tmp_path, monkeypatch
     asked = []
     monkeypatch.setattr(srun, "requeue_or_stop", lambda run_dir, lc: asked.append(lc))
     assert batch.BatchJob(str(tmp_path))._end(EXIT_STOPPED, "lc") == EXIT_STOPPED and asked == ["lc"]
+
+
+# each rank of a LocalJob whose worker is this script ends as its RANK says, at its time
+_ENDINGS = """
+import os, signal, sys, time
+how, at = os.environ["ENDINGS"].split(",")[int(os.environ["RANK"])].split(":")
+time.sleep(float(at))
+if how == "exit":
+    sys.exit(1)
+if how == "wait":
+    time.sleep(60)
+os.kill(os.getpid(), getattr(signal, how))
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("endings, cause, node_lost, lost_nodes", [
+    # a segfault (its own) and an abort beside it, then its peer's error exit: a crash, no node lost
+    ("SIGSEGV:0.2,exit:0.4,SIGABRT:0.5,wait:0", 0, False, []),
+    # the same, and node 1's rank 3 killed from outside in the same window: that is the cause, node 1 lost
+    ("SIGSEGV:0.2,exit:0.4,SIGABRT:0.5,SIGKILL:0.6", 3, True, [1]),
+])
+def test_a_rank_killed_from_outside_is_a_lost_node_and_its_own_fatal_signal_a_crash(tmp_path, endings, cause,
+                                                                                     node_lost, lost_nodes):
+    """The local launcher's one rule (launch/processes.crashed / node_lost) on real processes: a rank
+    that dies of SIGSEGV or SIGABRT crashed and its node stays up; only a rank killed from outside
+    (SIGKILL: how an emulated node dies) loses its node, and it is named the cause of the window."""
+    from orchestrator.launch.processes import LocalJob, crashed
+
+    job = LocalJob(tmp_path, nodes=2, gpus_per_node=2, env={"ENDINGS": endings}, echo=False,
+                   worker=[sys.executable, "-c", _ENDINGS])
+    job.start()
+    res = job.wait(timeout=60, settle_s=5.0)  # every ending of the table inside one window, even under load
+    assert not res.ok and res.failed_rank == cause, res
+    assert res.signalled is node_lost and res.failed_nodes == lost_nodes, res
+    assert crashed(res.code) is not node_lost, res

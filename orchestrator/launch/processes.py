@@ -72,6 +72,10 @@ def node_lost(code: int | None) -> bool:
 
 
 FATAL_SIGNAL = "Fatal Python error"  # faulthandler's first line when a fatal signal ends the process
+# ... for the signals a process raises on its own faults. Not SIGABRT ("Aborted"): NCCL's watchdog and
+# c10d abort a rank whose peer is gone (a lost node) that way.
+OWN_FAULT_LINES = tuple(f"{FATAL_SIGNAL}: {what}" for what in
+                        ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point exception"))
 
 
 def names_error(line: str) -> bool:
@@ -208,9 +212,10 @@ class LocalJob:
                 if failed and first is None:
                     first = time.monotonic()
                 if failed and (time.monotonic() - first >= settle_s or all(c is not None for c in codes)):
-                    rank, code = min(failed, key=lambda rc: rc[0] if rc[1] < 0 else rc[0] + self.world)
-                    # a rank killed by a signal (its node, or a fatal signal of its own) is the cause;
-                    # the others died of it
+                    # the cause: a rank killed from outside (its node), else one that died of a fatal
+                    # signal of its own, else the first error exit; the others died of it
+                    rank, code = min(failed, key=lambda rc: (0 if node_lost(rc[1]) else 1 if rc[1] < 0 else 2,
+                                                             rc[0]))
                     self.kill()
                     self._reap()
                     return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "

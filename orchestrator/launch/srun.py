@@ -260,13 +260,16 @@ class SrunWorkers(Workers):
         if code == EXIT_STOPPED or self.stop_requested:
             self._close()
             return Outcome(False, [], "stopped on request (preemption or time limit)", stopped=True)
-        # a rank dies of its peer before SLURM marks the node; not when a rank's own fatal signal
-        # ended the step (faulthandler's line: the rank's node was up to print it, a lost node's ranks
-        # print nothing)
-        from orchestrator.launch.processes import FATAL_SIGNAL
+        # a rank dies of its peer before SLURM marks the node; not when a rank's own fault ended the
+        # step (faulthandler's line for a segfault and its like: the rank's node was up to print it, a
+        # lost node's ranks print nothing): then SLURM is asked once, not waited for
+        from orchestrator.launch.processes import OWN_FAULT_LINES
 
         error = _crash_error(self.plan_dir / rundir.LOGS, self.run_dir)
-        own_signal = error is not None and error.startswith(FATAL_SIGNAL)
+        own_signal = error is not None and error.startswith(OWN_FAULT_LINES)
+        if own_signal:
+            for f in self._seen():
+                (self.drained if f.kind == failover.DRAINED else self.lost).append(f.node)
         deadline = time.monotonic() + (0.0 if own_signal else wait_s)
         while time.monotonic() < deadline and not self.lost:
             for f in self._seen():
