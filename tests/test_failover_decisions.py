@@ -235,16 +235,21 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("endings, cause, node_lost, lost_nodes", [
-    # a segfault (its own) and an abort beside it, then its peer's error exit: a crash, no node lost
+    # a segfault (its own fault) and, beside it, a peer's error exit and an abort: a crash, no node lost
     ("SIGSEGV:0.2,exit:0.4,SIGABRT:0.5,wait:0", 0, False, []),
-    # the same, and node 1's rank 3 killed from outside in the same window: that is the cause, node 1 lost
+    # the fault is named the cause over a lower rank's error exit
+    ("exit:0.2,SIGSEGV:0.4,SIGABRT:0.5,wait:0", 1, False, []),
+    # an abort (how c10d ends a rank whose peer is gone) is not ranked above an error exit
+    ("exit:0.4,SIGABRT:0.2,wait:0,wait:0", 0, False, []),
+    # node 1's rank 3 killed from outside in the same window: that is the cause, node 1 lost
     ("SIGSEGV:0.2,exit:0.4,SIGABRT:0.5,SIGKILL:0.6", 3, True, [1]),
 ])
 def test_a_rank_killed_from_outside_is_a_lost_node_and_its_own_fatal_signal_a_crash(tmp_path, endings, cause,
                                                                                      node_lost, lost_nodes):
     """The local launcher's one rule (launch/processes.crashed / node_lost) on real processes: a rank
     that dies of SIGSEGV or SIGABRT crashed and its node stays up; only a rank killed from outside
-    (SIGKILL: how an emulated node dies) loses its node, and it is named the cause of the window."""
+    (SIGKILL: how an emulated node dies) loses its node. The window's cause: a lost node's rank, else
+    a rank's own fault, else the lowest of the others."""
     from orchestrator.launch.processes import LocalJob, crashed
 
     job = LocalJob(tmp_path, nodes=2, gpus_per_node=2, env={"ENDINGS": endings}, echo=False,

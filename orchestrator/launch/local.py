@@ -296,7 +296,8 @@ class LocalWorkers(Workers):
             self.lost.append(self.job.node_of(slot))
 
     def _nodes_lost(self, hit: list[tuple[int, int]], dropped: set[int]):
-        """Ranks killed (their nodes lost) and ranks that crashed (an error exit: their copy),
+        """Ranks killed (their nodes lost) and ranks that crashed (an error exit or a fatal signal of
+        their own: their copy),
         seen within one settle window: the copies hit drop out; the others go on in place, or
         (as launch/failover.decide says) every rank stops and the loop restarts."""
         failures, copies = [], set()
@@ -365,7 +366,8 @@ class LocalWorkers(Workers):
                        detected)
 
     def _first_crashed(self):
-        """Of the ranks that exited with an error, the one furthest behind (its peers failed of it)."""
+        """Of the ranks that crashed (an error exit or a fatal signal of their own), the one furthest
+        behind (its peers failed of it)."""
         failed = {p.pid: r for r, p in enumerate(self.job.procs) if crashed(p.poll())}
         beats = progress.read(self.run_dir, failed)
         if not beats:

@@ -54,11 +54,13 @@ class LocalResult:
         return self.returncode == 0
 
 
-# An uncaught error, an abort (134) or a segfault (139) as a shell reports them; a process's own
-# fatal signals as Popen reports them (-signal). A rank that ends so crashed: its node stays up
-# (a fault until it repeats). Any other signal killed it from outside: an (emulated) node lost.
-CRASH_STATUSES = (1, 134, 139)
-CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+# A process's own fatal signals as Popen reports them (-signal), an uncaught error (1) and those
+# signals as a shell reports them (128 + signal: 134 abort, 139 segfault, ...). A rank that ends so
+# crashed: its node stays up (a fault until it repeats). Any other signal killed it from outside:
+# an (emulated) node lost.
+OWN_FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)  # a fault in the process itself
+CRASH_SIGNALS = (*OWN_FAULTS, signal.SIGABRT)  # ... and an abort (its own, or c10d's when a peer is gone)
+CRASH_STATUSES = (1, *(128 + s for s in CRASH_SIGNALS))
 
 
 def crashed(code: int | None) -> bool:
@@ -72,10 +74,10 @@ def node_lost(code: int | None) -> bool:
 
 
 FATAL_SIGNAL = "Fatal Python error"  # faulthandler's first line when a fatal signal ends the process
-# ... for the signals a process raises on its own faults. Not SIGABRT ("Aborted"): NCCL's watchdog and
-# c10d abort a rank whose peer is gone (a lost node) that way.
-OWN_FAULT_LINES = tuple(f"{FATAL_SIGNAL}: {what}" for what in
-                        ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point exception"))
+# ... for OWN_FAULTS (both spellings CPython has used for SIGFPE). Not SIGABRT ("Aborted"): NCCL's
+# watchdog and c10d abort a rank whose peer is gone (a lost node) that way.
+OWN_FAULT_LINES = tuple(f"{FATAL_SIGNAL}: {what}" for what in ("Segmentation fault", "Bus error", "Illegal instruction",
+                                                               "Floating point exception", "Floating-point exception"))
 
 
 def names_error(line: str) -> bool:
@@ -92,8 +94,18 @@ def last_error(logs: Path, name: str) -> str:
                  if x.strip()]
     except OSError:
         return "no log"
-    errors = [x for x in lines if names_error(x)]
-    return (errors or lines or ["no output"])[-1][:300]
+    errors = [i for i, x in enumerate(lines) if names_error(x)]
+    if not errors:
+        return (lines or ["no output"])[-1][:300]
+    line = lines[errors[-1]]
+    if line.startswith(FATAL_SIGNAL):  # faulthandler's stacks follow, the faulting thread's ("Current
+        # thread"), innermost frame first: where it died (two faults in different places at the same step
+        # are then not read as one repeated bug)
+        after = lines[errors[-1] + 1:]
+        start = next((i for i, x in enumerate(after) if x.startswith("Current thread")), 0)
+        frame = next((x for x in after[start:] if x.startswith("File ")), None)
+        line = f"{line} in {frame}" if frame else line
+    return line[:300]
 
 
 def _describe(code: int) -> str:
@@ -212,10 +224,11 @@ class LocalJob:
                 if failed and first is None:
                     first = time.monotonic()
                 if failed and (time.monotonic() - first >= settle_s or all(c is not None for c in codes)):
-                    # the cause: a rank killed from outside (its node), else one that died of a fatal
-                    # signal of its own, else the first error exit; the others died of it
-                    rank, code = min(failed, key=lambda rc: (0 if node_lost(rc[1]) else 1 if rc[1] < 0 else 2,
-                                                             rc[0]))
+                    # the cause: a rank killed from outside (its node), else one that died of a fault of
+                    # its own (OWN_FAULTS), else the lowest rank of the others (an error exit, an abort:
+                    # what a peer's failure ends a rank with); the others died of it
+                    rank, code = min(failed, key=lambda rc: (0 if node_lost(rc[1]) else
+                                                             1 if rc[1] < 0 and -rc[1] in OWN_FAULTS else 2, rc[0]))
                     self.kill()
                     self._reap()
                     return LocalResult(1, rank, self.node_of(rank), f"rank {rank} (node {self.node_of(rank)}) "

@@ -351,8 +351,10 @@ class SrunWorkers(Workers):
 
         now = time.time()
         error = last_error(self.plan_dir / rundir.LOGS, f"rank{late.task}")
-        if "Error" in error.split(":", 1)[0]:  # not a hang: it crashed, and its peers wait on it until their
-            self.crash = error  # collective times out; the step then ends and is read as a crash
+        if names_error(error):  # not a hang: it crashed without a beat saying so (a fault in native code)
+            if self.policy is None:  # one copy: its peers would wait on it until their collective timeout
+                return self._crashed(late)
+            self.crash = error  # copies: the step ends when its peers time out and is read as a crash
             print(f"rank {late.rank} crashed ({error}); its peers stop at their collective timeout", flush=True)
             return None
         self.signal(signal.SIGUSR1)
