@@ -65,6 +65,7 @@ def test_a_rank_dead_of_its_own_segfault_is_a_crash_and_the_run_restarts_on_the_
     assert event["mode"] == "restart" and event["nodes_lost"] == [] and event["new_layout"]["nodes"] == 1, event
     assert event["resumed_from_step"] == 2 and "SIGSEGV" in event["cause"], event
     assert event["error"].startswith("Fatal Python error: Segmentation fault"), event
+    assert event["error"].endswith("in _fail_rank"), event  # where it died: the faulting thread's innermost frame
 
 
 def test_a_hung_rank_is_named_and_its_node_lost_and_the_restart_pads_the_short_replicas(tmp_path, tiny_losses):
