@@ -287,7 +287,9 @@ class SrunWorkers(Workers):
         if error is not None:  # a rank crashed, every node is up: recover, unless the same error repeats
             beats = progress.read(self.run_dir)  # detected: from the last sign of life of the rank furthest behind
             since = min(beats.values(), key=lambda b: (b.step, b.ended, b.time)).time if beats else None
-            return Outcome(False, [], f"a rank crashed ({error}); the step exited with {code}",
+            how = ("; a fault of its own, its node up: decided on its log, not after SLURM's node window"
+                   if own_signal else "")
+            return Outcome(False, [], f"a rank crashed ({error}){how}; the step exited with {code}",
                            time.time() - since if since else None, crashed=True, error=error,
                            drained=list(self.drained))
         if self.drained:
