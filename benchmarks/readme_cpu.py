@@ -21,7 +21,9 @@ beside it; other load comes and goes within a run, and a snapshot can miss it ei
 A plan says whether its step is a prediction for the layout on this machine (plan.json's
 `prediction`: the probe measured every part of it) or plainly not (what the probe did not
 measure: more processes than it ran, a group wider than its pairs, experts, copies that commit
-across the coordinator); those examples are counted apart, not in the within-20% tally.
+across the coordinator; or a step that one of the probe's own repeats moves more than 20%: the
+machine's noise in what the layout pays is wider than the aim); those examples are counted apart,
+not in the within-20% tally, and their measured step is printed against the plan's all the same.
 
 Prints per example: predicted (stock, measured model, measured model at the load measured beside
 the run), measured, measured / predicted, cores' worth left by other load, and whether the plan

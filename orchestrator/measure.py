@@ -172,9 +172,13 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
         print(f"error: --repeat {repeat}: the probe runs 1 to 20 times. Fix: --repeat 3", file=sys.stderr)
         return 2
     t = time.perf_counter()
-    measured = derive(quietest([probe(ranks) for _ in range(repeat)]))
+    results = [probe(ranks) for _ in range(repeat)]
+    measured = derive(quietest(results))
     base = to_dict(compose(["hardware=cpu"]))["hardware"]
     hw = site_preset(measured, base)
+    # each repeat on its own as well: a plan's step under each says how far this machine's own
+    # measurements of its terms move (plan/machine.py Measurement.spread)
+    each = [site_preset(derive(quietest([r])), base) for r in results] if repeat > 1 else []
     g = measured["gloo"]
     print(f"probe ({repeat} x, the quietest of each figure; {time.perf_counter() - t:.1f} s): GEMM " + ", ".join(
         f"{n}^3 {r * 1e3:.2f}" for n, r in measured["gemm_tflops"].items()) + " GFLOP/s; memory "
@@ -200,7 +204,7 @@ def run_probe(ranks: int, write: Path | None, repeat: int = 1) -> int:
     print(f"wrote {out} (copy it to conf/hardware/site.yaml to select hardware=site)")
     if measured["floored"]:
         print("below the noise (measured difference under zero, zero in the preset): " + ", ".join(measured["floored"]))
-    cache = write_cache(hw, measured)
+    cache = write_cache(hw, measured, each)
     print(f"cached for this machine: {cache} (every hardware=cpu plan here now predicts with it; "
           f"keys given on the command line still win)")
     print("use it as overrides:  " + " ".join(probe_overrides(hw, base)))

@@ -615,6 +615,47 @@ def test_hardware_cpu_predicts_with_this_machines_measurement_or_says_it_has_non
     assert plan_of(*pair, "layout.pp=2", "hardware.pp_microbatch_us=900").prediction["is_prediction"]
 
 
+def test_a_layout_whose_step_moves_past_20_percent_between_the_probes_repeats_is_no_prediction(tmp_path, monkeypatch):
+    """The probe keeps each repeat's figures beside the quietest (`orchestrate-calibrate --probe
+    --repeat K`): a plan prices its layout under each repeat too (plan.json's `prediction.repeats_s`),
+    and where one lands more than 20% from its step (the quietest of each figure) it says plainly
+    that its figure is no prediction to that closeness here, naming the terms that moved; a layout
+    that pays none of the moving terms stays a prediction, and a term the user gives is not moved."""
+    import json
+
+    from orchestrator.config.compose import compose, to_dict
+    from orchestrator.plan.machine import write_cache
+    from orchestrator.probe import derive, site_preset
+
+    monkeypatch.setenv("ORCHESTRATOR_CACHE_DIR", str(tmp_path))
+    base = to_dict(compose(["hardware=cpu"]))["hardware"]
+    quiet = site_preset(derive(PROBE_RAW), base)
+    noisy = json.loads(json.dumps(PROBE_RAW))
+    noisy["gloo"]["model_ms"]["fsdp_gathers"] *= 3  # FSDP2's gathers timed while other load ran
+    loud = site_preset(derive(noisy), base)
+    assert loud["fsdp_gather_us"] > 3 * quiet["fsdp_gather_us"] and loud["tp_call_us"] == quiet["tp_call_us"]
+    write_cache(quiet, derive(PROBE_RAW), [quiet, loud])
+    pair = ["hardware=cpu", "model=tiny", "cluster.nodes=1", "hardware.gpus_per_node=2"]
+    dp, tp = plan_of(*pair, "layout.dp=2"), plan_of(*pair, "layout.tp=2")
+    assert dp.valid and tp.valid
+    assert len(dp.prediction["repeats_s"]) == 2 and max(dp.prediction["repeats_s"]) > 1.2 * dp.step.wall_s
+    assert not dp.prediction["is_prediction"]
+    (why,) = [w for w in dp.prediction["not_measured"] if "repeats" in w]
+    assert "hardware.fsdp_gather_us" in why and "tp_call_us" not in why and "orchestrate-calibrate --probe" in why
+    (line,) = [w for w in dp.warnings if w.startswith("hardware=cpu")]
+    assert "NOT a prediction for this layout" in line and "hardware.fsdp_gather_us" in line
+    assert dp.to_json()["prediction"] == dp.prediction
+    # TP over the pair pays no FSDP2 gather: its step is the same under both repeats
+    assert tp.prediction["is_prediction"] and tp.prediction["repeats_s"] == [pytest.approx(tp.step.wall_s)] * 2
+    # the user's own figure for the moving term is not replaced by the repeats'
+    mine = plan_of(*pair, "layout.dp=2", f"hardware.fsdp_gather_us={quiet['fsdp_gather_us'] + 1}")
+    assert mine.prediction["is_prediction"], mine.prediction["not_measured"]
+    # a cache written before repeats were kept (or a probe of one repeat) has no spread to judge
+    write_cache(quiet, derive(PROBE_RAW))
+    one = plan_of(*pair, "layout.dp=2")
+    assert one.prediction["is_prediction"] and "repeats_s" not in one.prediction
+
+
 def test_the_probe_derives_each_cost_from_the_model_beyond_the_calls_counted():
     """derive(): the runtime's model's measured times, less what the cost model already counts for
     them (plan/overheads.py: 8 redistributes a layer and 2 each for embedding and head, 4 loss

@@ -60,15 +60,18 @@ def cache_path(key: dict | None = None):
     return cache_dir() / "probe" / f"{host}-{digest}.json"
 
 
-def write_cache(hw: dict, measured: dict) -> "os.PathLike":
-    """Keep this machine's measured model (the site preset, each term's raw figures) for later plans."""
+def write_cache(hw: dict, measured: dict, repeats: "list[dict]" = ()) -> "os.PathLike":
+    """Keep this machine's measured model (the site preset, each term's raw figures) for later plans;
+    `repeats`: the site preset of each of the probe's repeats on its own (a plan's step under each
+    says how far this machine's own measurements of the layout's terms move: Measurement.spread)."""
     import json
 
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"key": dict(machine_key()), "measured_at": time.strftime("%Y-%m-%d %H:%M"), "hardware": hw,
               "terms": {k: list(v) for k, v in measured["terms"].items()}, "floored": measured["floored"],
-              "raw": _plain(measured)}
+              "raw": _plain(measured),
+              "repeats": [{k: r[k] for k in MEASURED_KEYS if k in r and k != "kernel_model"} for r in repeats]}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
     tmp.replace(path)
@@ -118,6 +121,9 @@ def stock_cpu() -> dict:
 # also over a wider group where the probe ran as many processes (`fsdp_group`, --ranks 4 or more).
 PROBE_GROUP = 2
 FSDP_GROUP = 4  # the wider FSDP2 group the probe times when it runs as many processes
+# What a prediction on this machine aims for (the measured step within 20% of the plan's): a layout
+# whose step under the probe's own repeats lands outside it is not predicted that closely here.
+WITHIN = 0.2
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,41 @@ class Measurement:
                 "cache": str(cache_path()), "measured_at": rec.get("measured_at"), "probe_ranks": probed,
                 "probe_group": group, "terms": dict(self.sources)}
 
+    def repeat_hardware(self, hw) -> list:
+        """`hw` (this machine's measured model, as on_this_machine made it) under each of the probe's
+        repeats on its own: every measured key the user left as measured takes that repeat's figure."""
+        import dataclasses
+
+        keep = {k for k, src in self.sources.items() if src == "yours"}
+        return [dataclasses.replace(hw, **{k: v for k, v in r.items() if k not in keep and hasattr(hw, k)})
+                for r in (self.record or {}).get("repeats") or ()]
+
+    def spread(self, prediction: dict, wall_s: float, repeats_s: list, paid: set) -> dict:
+        """plan.json's `prediction` with the step under each of the probe's repeats (`repeats_s`) and,
+        where one of them is more than WITHIN from the plan's (the quietest of each figure), plainly
+        no prediction to that closeness: the machine's own measurements of what this layout pays
+        (`paid`: its per-call keys) move more than that between repeats seconds apart."""
+        if not repeats_s or not wall_s:
+            return prediction
+        out = dict(prediction, repeats_s=[round(x, 6) for x in repeats_s])
+        lo, hi = min(repeats_s), max(repeats_s)
+        if (1 - WITHIN) * wall_s <= lo and hi <= (1 + WITHIN) * wall_s:
+            return out
+        reps = self.record.get("repeats") or []
+        moved = []
+        for key in sorted(paid):
+            vals = [float(r[key]) for r in reps if key in r]
+            if vals and self.sources.get(key) != "yours" and max(vals) > (1 + WITHIN) * max(min(vals), 1e-9):
+                moved.append(f"hardware.{key} {min(vals):g}-{max(vals):g}")
+        out["not_measured"] = list(prediction["not_measured"]) + [
+            f"the probe's {len(repeats_s)} repeats put this layout's step at {lo:.3f}-{hi:.3f} s against the "
+            f"{wall_s:.3f} s predicted from the quietest of each figure: this machine's own measurements of what "
+            f"the layout pays move more than the {WITHIN:.0%} a prediction here aims for"
+            + (f" ({', '.join(moved)})" if moved else "") + f" (other load on the host between repeats); "
+            f"measure again on a quieter host (`{PROBE_HOW}`), or give the terms (hardware.KEY=...)"]
+        out["is_prediction"] = False
+        return out
+
     def line(self, prediction: dict, share: float = 1.0) -> str:
         """The plan's one warning about it: which measurement it predicts with, or plainly that its
         step is not a prediction for this layout (or machine) and why; `share`: how many times as
@@ -194,8 +235,8 @@ class Measurement:
                 + (f"; the ranks outnumber those cores: each rank's work takes {share:.2f}x as "
                    f"long" if share > 1.0 else ""))
         if prediction["not_measured"]:
-            return (head + "; but the predicted step is NOT a prediction for this layout, which the probe did "
-                           "not measure: " + "; ".join(prediction["not_measured"]))
+            return (head + "; but the predicted step is NOT a prediction for this layout: "
+                    + "; ".join(prediction["not_measured"]))
         return head + "; measure again after the machine, its load or torch changes"
 
 

@@ -33,6 +33,14 @@ def make_plan(cfg: Any) -> Plan:
     plan = search(spec) if spec.layout.search else plan_spec(spec)
     if machine is not None:  # whether its step is a prediction for this layout here, and why not
         plan.prediction = machine.judge(plan.layout)
+        if plan.valid and plan.step is not None:  # the same layout under each of the probe's repeats
+            from dataclasses import replace
+
+            from orchestrator.plan.overheads import paid_terms
+
+            again = [plan_spec(replace(plan.spec, hardware=hw)) for hw in machine.repeat_hardware(plan.spec.hardware)]
+            plan.prediction = machine.spread(plan.prediction, plan.step.wall_s,
+                                             [p.step.wall_s for p in again if p.step is not None], paid_terms(plan.layout))
         plan.warnings.append(machine.line(plan.prediction, plan.step.core_share if plan.step else 1.0))
     if plan.valid:
         attach(plan)  # cluster.topology / cluster.nodelist: the plan on those hosts

@@ -111,7 +111,7 @@ def _budget(plan) -> list[str]:
         L.append("  (orchestrate-calibrate --probe: GEMM rate, per-op and per-call host time, cores)")
     pred = plan.prediction
     if pred and not pred["is_prediction"] and pred["basis"] == "probe":
-        L.append("  NOT a prediction for this layout: the probe did not measure " + "; ".join(pred["not_measured"]))
+        L.append("  NOT a prediction for this layout: " + "; ".join(pred["not_measured"]))
     L.append(f"  MFU {_fmt_pct(plan.mfu)}   HFU {_fmt_pct(plan.hfu)}   {_fmt_flops(plan.tflops_per_gpu)} per GPU   "
              f"{plan.tokens_per_s:,.0f} tokens/s")
     L.append(_interval_line(plan))
