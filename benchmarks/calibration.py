@@ -11,7 +11,7 @@ falls inside the 80% interval of its leave-one-source-out prediction, with the s
 (calibrated on every family's residuals) and with a table calibrated without the family's own
 residuals (the honest figure: what a run from a new source can expect), both through the
 planner's own plan_interval; per regime with and without the attention kernel's release term
-(uncertainty.ATTENTION_SPREAD), with the intervals' mean width.
+(uncertainty.ATTENTION_BAND), with the intervals' mean width.
 
 Run: .venv/bin/python benchmarks/calibration.py [--quick] [--presets] [--write-intervals]
   --quick            no leave-one-source-out folds (and no interval coverage)
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.published.calibrate import evaluate, load_runs, time_shares  # noqa: E402
-from orchestrator.plan.uncertainty import (ATTENTION_SPREAD, INTERVALS, by_regime, covered, honest,  # noqa: E402
+from orchestrator.plan.uncertainty import (ATTENTION_BAND, INTERVALS, by_regime, covered, honest,  # noqa: E402
                                            shipped_table)
 
 
@@ -131,11 +131,11 @@ def _intervals(ev, write: bool) -> None:
     import json
 
     table = shipped_table(ev.after_loso)
-    judged = {u: honest(ev.after_loso, spread=u) for u in (0.0, ATTENTION_SPREAD)}
+    judged = {u: honest(ev.after_loso, band=u) for u in ((0.0, 0.0), ATTENTION_BAND)}
     print("\n80% MFU interval coverage per source family (true MFU inside the interval of its leave-one-source-"
           "out prediction): shipped table | table without the family's own residuals")
     cov: dict[str, list[int]] = {}
-    for p, iv in judged[ATTENTION_SPREAD]:
+    for p, iv in judged[ATTENTION_BAND]:
         acc = cov.setdefault(p.row.family, [0, 0, 0])
         acc[0] += covered(p, table) is True
         acc[1] += iv is not None and iv[0] <= p.truth <= iv[1]
@@ -146,11 +146,12 @@ def _intervals(ev, write: bool) -> None:
     print(f"  {'all':<20} {tot[0]:>3} of {tot[2]:<3} | {tot[1]:>3} of {tot[2]:<3} "
           f"({100 * tot[0] / max(tot[2], 1):.0f}% | {100 * tot[1] / max(tot[2], 1):.0f}%)")
     print("  per regime, the honest figure and the intervals' mean width (high - low) / predicted MFU, without the "
-          f"attention kernel's release term (u = 0) and with it (u = {ATTENTION_SPREAD}, the planner's):")
+          f"attention kernel's release term (band 0, 0) and with it (band {ATTENTION_BAND[0]:g}, {ATTENTION_BAND[1]:g}: "
+          f"as long as FlashAttention-2 takes / the time cuDNN's saves against the fitted speed, the planner's):")
     for u, runs in judged.items():
         per = by_regime(runs)
         a, n = sum(v[0] for v in per.values()), sum(v[1] for v in per.values())
-        print(f"    u = {u:<4} " + ", ".join(f"{k} {i} of {m} ({100 * i / max(m, 1):.0f}%) width {w:.2f}"
+        print(f"    band {u[0]:g}, {u[1]:g}: " + ", ".join(f"{k} {i} of {m} ({100 * i / max(m, 1):.0f}%) width {w:.2f}"
                                          for k, (i, m, w) in per.items())
               + f"; all {a} of {n} ({100 * a / max(n, 1):.0f}%)")
     print(f"  quantile level for an 80% interval on unseen families: {table['quantile_level']:.2f} over every run; "

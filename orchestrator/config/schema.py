@@ -522,10 +522,10 @@ class CostConfig:
     kernel_model: Optional[KernelModel] = None
     # Shape-aware kernel model (orchestrator/plan/kernels.py). Fitted on published runs with
     # benchmarks/calibration.py (least squares over every row; leave-one-source-out reported).
-    elementwise: float = 0.901  # weight of the memory-bound work (norms, activations, casts, softmax)
-    attention_efficiency: float = 0.628  # fraction of the bf16 peak flash attention's forward reaches
+    elementwise: float = 0.836  # weight of the memory-bound work (norms, activations, casts, softmax)
+    attention_efficiency: float = 0.504  # fraction of the bf16 peak flash attention's forward reaches
     fp8_gemm_efficiency: float = 1.0  # FP8 GEMMs' ceiling relative to the bf16 one (power, scaling)
-    launch_overhead_us: float = 15.850  # host time per kernel launch the GPU waits for (small kernels)
+    launch_overhead_us: float = 15.115  # host time per kernel launch the GPU waits for (small kernels)
 
 
 @dataclass

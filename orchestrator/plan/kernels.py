@@ -63,17 +63,26 @@ of their max, so a GEMM at the ridge reaches less than either bound): against 4.
 Nor fewer FP8 casts (Transformer Engine's fused cast-transpose: each GEMM input cast once, 2
 elements moved per cast element, instead of the 2 per pass counted above): 4.35 points and 7.2%,
 the fitted elementwise weight doubling (1.9) to put the memory-bound time back.
+The attention speed (cost.attention_efficiency) is one fitted number for every stack and release,
+and it is fitted where attention is most of the step: torchtitan's 2024-12 context-parallel runs
+(32K-256K tokens, FlashAttention-2 at hardware.flash2_speed) are in the fit since 2026-12-05.
+Without them the fit took it from runs where attention is a few percent of the step and put it at
+0.63 of the bf16 peak (620 TFLOP/s forward on an H100, past every published kernel but FA3's), and
+every attention-bound run came out fast: those rows 7-45%, Trainy's 8B 7.5%, NeMo's long-context
+page 42% (median). Now 0.50 (about 500 TFLOP/s: 0.84 of cuDNN's published 595, as FA2 at 0.62 of
+it runs at 0.84 of its own published 370: both kernels in training at the same fraction of their
+benchmark), and the runs nobody fitted: Trainy 1.5%, DeepSeek-V3 5.9%, the long-context page 18%.
 Not modelled, because no source here measures it: the attention kernel's speed per stack release.
-NeMo 24.03.01's long-context runs (nemo_long_context, evaluation only) are slower than predicted by
-0.36 to 0.42 of the predicted attention time on every row, 16K with no CP to 1M on CP32, when CP
-is planned as the ring Megatron-Core runs (stack.cp_comm=p2p; conf/stack/megatron_core.yaml): the
-attention kernel of that release (Transformer Engine 1.4, cuDNN fused attention on sm90) ran at
-about 0.73 of the speed `attention_efficiency` is fitted to, within the 20-50% that Transformer
-Engine's own H100 benchmark puts between cuDNN and FlashAttention-2 (docs/examples/attention/
-attention.ipynb, 2024-06). Ruled out on these rows: recompute or offload forced by memory (the
-least recompute that fits is none, 21 to 52 of 80 GB), CP sends the ring leaves exposed (the same
-excess at CP1). A per-release attention table (cuDNN version x head dim x causal, forward and
-backward, measured on the GPU) is what would put it in the model.
+NeMo 24.03.01's long-context runs (nemo_long_context, evaluation only) are still slower than
+predicted, the same way on every row from 16K with no CP to 1M on CP32 (so not the CP ring, which
+is planned as Megatron-Core runs it: stack.cp_comm=p2p): Transformer Engine 1.4's attention
+(cuDNN fused attention on sm90, a 2024-03 cuDNN) ran slower than the 2025 releases the fit
+describes, within the 20-50% Transformer Engine's own H100 benchmark puts between cuDNN and
+FlashAttention-2 (docs/examples/attention/attention.ipynb, 2024-06). Ruled out on these rows:
+recompute or offload forced by memory (the least recompute that fits is none, 21 to 52 of 80 GB),
+CP sends the ring leaves exposed (the same excess at CP1). A per-release attention table (cuDNN
+version x head dim x causal, forward and backward, measured on the GPU) is what would put it in
+the model; the interval's release term (plan/uncertainty.py) covers it meanwhile.
 Nor the backward at FlashAttention-3's measured rate instead of 0.7 of the forward's (H100, head
 dim 128, 16K: cuDNN 516 against 595 TFLOP/s forward, FlashAttention-2 322 against 370, i.e. 0.87;
 Shah et al. 2024, arXiv:2407.08608): attention_efficiency refits from 0.577 to 0.490 and the rest

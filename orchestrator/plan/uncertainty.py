@@ -4,20 +4,21 @@ A plan's interval is
 
     [MFU x exp(lo) / (1 + a x u),  MFU x exp(hi)]
 
-- The attention kernel's release, a x u. `a` is the share of the predicted step the attention
-  kernel takes (attention_share: the pacing stage's flash-attention time per micro-batch,
-  plan/kernels.py at the fitted attention speed, times the micro-batches, over the predicted
-  step; `attention_share` in plan.json); u = ATTENTION_SPREAD = 0.5 is how much slower than that
-  speed a stack release's attention kernel may run. The step model fits one attention speed for
-  every stack and release (plan/kernels.py: "Not modelled, because no source here measures it"),
-  and the fitted speed (0.57 of the bf16 peak, about 565 TFLOP/s on an H100) is at the fast end
-  of what is measured there: Transformer Engine's own H100 benchmark puts 20-50% between cuDNN
-  fused attention and FlashAttention-2 (docs/examples/attention/attention.ipynb, 2024-06), the
-  FlashAttention-3 paper 370 TFLOP/s (FlashAttention-2) against 516-595 (cuDNN, FlashAttention-3)
-  forward at head dim 128 (Shah et al. 2024, arXiv:2407.08608). So a release may be up to 1.5x
-  slower on that share of the step and not measurably faster: the term widens the low end only.
-  u is the sources' figure, fitted on no run. Without flash attention (the scores as GEMMs) or with
-  little attention (a = 0.02 in the median dense run, 0.13 MoE, 0.5 CP) it barely moves.
+- The attention kernel's release, at both ends. `a` is the share of the predicted step the
+  attention kernel takes (attention_share: the pacing stage's flash-attention time per micro-batch,
+  plan/kernels.py at the fitted attention speed, times the micro-batches, over the predicted step;
+  `attention_share` in plan.json). The step model fits one attention speed for every stack and
+  release (plan/kernels.py), about 500 TFLOP/s forward on an H100 (0.50 of the bf16 peak); the
+  published kernels at head dim 128 run from FlashAttention-2's 370 to cuDNN's 595 TFLOP/s forward
+  (Shah et al. 2024, arXiv:2407.08608; Transformer Engine's own H100 benchmark puts 20-50% between
+  them, docs/examples/attention/attention.ipynb, 2024-06). A release's kernel may take up to
+  `slow` = speed / 370 - 1 more of its time (0.35) or save `fast` = 1 - speed / 595 of it (0.16):
+  the interval is [MFU exp(lo) / (1 + a slow), MFU exp(hi) / (1 - a fast)] (ATTENTION_BAND, from
+  the schema's fitted speed and the sources' figures, fitted on no run). Until 2026-12-05 the fitted
+  speed was 0.63 of the peak, past cuDNN's, and the term was the low end's alone at 1.5x (the top of
+  that 20-50%); with the refit (torchtitan's context-parallel runs in the fit) that term covered 90
+  of 114 runs honestly, the band at both ends 95. Without flash attention (the scores as GEMMs) or
+  with little attention (a = 0.02 in the median dense run, 0.13 MoE, 0.5 CP) it barely moves.
 - The rest, (lo, hi): quantiles of the log residuals log(true MFU / predicted MFU) of every
   published run (published/runs.csv), each planned with the kernel model refitted without its
   source family (leave one source family out), each source family weighing the same (_quantile),
@@ -33,7 +34,7 @@ A plan's interval is
   level (the lowest tried) says is not more than the other families need.
 
 benchmarks/calibration.py --write-intervals writes the table to `mfu_interval.json` beside this
-module, with the `attention_spread` it was calibrated with, which the interval uses. The planner
+module, with the `attention_band` it was calibrated with, which the interval uses. The planner
 only reads that file (no calibration at plan time, no torch). The honest evaluation (`honest`:
 benchmarks/calibration.py, tests/test_fidelity.py) judges each run with plan_interval, the
 planner's own function, under a table and levels built without the run's family.
@@ -49,6 +50,8 @@ predicted step, ~30% slower than predicted, the same ~0.38 of its attention time
 was judged by a cp band of 5 runs of other families and 1 of its 7 runs was inside; now 7 of 7.
 The shipped intervals of the recipes: llama3_405b width 0.24 -> 0.25, llama3_405b_long_context
 0.32 -> 0.43 (a = 0.40), deepseek_v3 0.28 -> 0.33 (a = 0.13).
+After the refit (attention 0.63 -> 0.50 of the peak) and the band at both ends: cp 15 of 15 (width
+0.55), dense 72 of 89 (0.23), moe 8 of 10 (0.29), all 95 of 114 (83%); without the term 91 of 114.
 
 The group is the first with at least `min_rows` runs among: the plan's stack and regime
 (`megatron_core/moe`), every stack in its regime (`*/moe`), its stack (`megatron_core/*`),
@@ -67,10 +70,33 @@ from pathlib import Path
 
 INTERVALS = Path(__file__).with_name("mfu_interval.json")
 
-# How much slower than the fitted speed a stack release's attention kernel may run (the top of
-# the 20-50% Transformer Engine measures between cuDNN fused attention and FlashAttention-2 on an
-# H100; module docstring). A source's figure, never fitted.
-ATTENTION_SPREAD = 0.5
+# The attention kernel's speed by release, as published (H100, bf16, head dim 128, forward, 16K
+# tokens; Shah et al. 2024, arXiv:2407.08608): FlashAttention-2 370 TFLOP/s, cuDNN's fused attention
+# 595, against the H100's dense bf16 peak. Sources' figures, never fitted.
+H100_BF16_PEAK_TFLOPS = 989.0
+FA2_FORWARD_TFLOPS = 370.0
+FUSED_FORWARD_TFLOPS = 595.0
+
+
+def attention_band(efficiency: float) -> tuple[float, float]:
+    """(slow, fast) of the attention kernel's release term for a fitted attention speed
+    (cost.attention_efficiency, a fraction of the bf16 peak): how much longer the slowest
+    published kernel takes than the fitted speed (FlashAttention-2: speed / 370 - 1), and the share
+    of its time the fastest saves (cuDNN: 1 - speed / 595); 0 where the fitted speed is past one."""
+    speed = efficiency * H100_BF16_PEAK_TFLOPS
+    return (round(max(speed / FA2_FORWARD_TFLOPS - 1.0, 0.0), 4),
+            round(max(1.0 - speed / FUSED_FORWARD_TFLOPS, 0.0), 4))
+
+
+def _fitted_band() -> tuple[float, float]:
+    from orchestrator.config.schema import CostConfig
+
+    return attention_band(CostConfig().attention_efficiency)
+
+
+# The band at the shipped fit (the schema's cost.attention_efficiency): what mfu_interval.json is
+# calibrated with and every plan's interval uses.
+ATTENTION_BAND = _fitted_band()
 
 
 def regime(spec, layout) -> str:
@@ -116,15 +142,16 @@ def basis(table: dict, stack: str, kind: str) -> str | None:
 def interval(mfu: float, stack: str, kind: str, table: dict | None = None,
              attention: float = 0.0) -> tuple[float, float, str] | None:
     """(low, high, group) of the MFU's interval, or None where no group has enough runs;
-    `attention`: the plan's attention_share (the low end's release term, at the table's spread)."""
+    `attention`: the plan's attention_share (the release term at both ends, at the table's band)."""
     table = load() if table is None else table
     key = basis(table, stack, kind)
     if key is None or not mfu or not math.isfinite(mfu):
         return None
     g = table["groups"][key]
     g = g.get("by_regime", {}).get(kind, g) if key.endswith("/*") else g  # the regime's own level
-    release = 1.0 + max(attention, 0.0) * table.get("attention_spread", 0.0)
-    return mfu * math.exp(g["lo"]) / release, mfu * math.exp(g["hi"]), key
+    slow, fast = table.get("attention_band") or (0.0, 0.0)
+    a = max(attention, 0.0)
+    return mfu * math.exp(g["lo"]) / (1.0 + a * slow), mfu * math.exp(g["hi"]) / max(1.0 - a * fast, 1e-9), key
 
 
 def plan_interval(plan, table: dict | None = None) -> tuple[float, float, str] | None:
@@ -172,10 +199,10 @@ def residual(pred) -> tuple[str, str, float, str] | None:
 
 
 def build_table(preds, level: float = 0.8, min_rows: int = 8, levels: dict[str, float] | None = None,
-                spread: float = ATTENTION_SPREAD) -> dict:
+                band: tuple = ATTENTION_BAND) -> dict:
     """Per group, the (1 - level) / 2 and (1 + level) / 2 quantiles of the log residuals as they
     are (the attention release term is not taken out of them: module docstring), each source
-    family weighing the same (_quantile); `spread` is the release term's u the table goes with. `levels` (regime -> quantile level) sets the level of each regime's groups
+    family weighing the same (_quantile); `band` is the release term's (slow, fast) the table goes with. `levels` (regime -> quantile level) sets the level of each regime's groups
     (`stack/cp`, `*/cp`); a group of every regime (`stack/*`, `*/*`) is at `level` and, as a
     regime's fallback, at that regime's level too (`by_regime`). A group drawn from one source
     family only is kept out of the lookup (`rows` 0): one source's bias is not a stack's spread."""
@@ -189,19 +216,19 @@ def build_table(preds, level: float = 0.8, min_rows: int = 8, levels: dict[str, 
             fams.setdefault(key, set()).add(fam)
             owner.setdefault(key, []).append(fam)
 
-    def band(v: list[float], who: list[str], q: float) -> dict:
+    def bounds(v: list[float], who: list[str], q: float) -> dict:
         tail = (1.0 - q) / 2.0
         return {"lo": round(_quantile(v, who, tail), 4), "hi": round(_quantile(v, who, 1.0 - tail), 4)}
 
     groups = {}
     for k, v in sorted(keys.items()):
         kind = k.split("/", 1)[1]
-        g = {**band(v, owner[k], levels.get(kind, level)), "rows": len(v) if len(fams[k]) > 1 else 0,
+        g = {**bounds(v, owner[k], levels.get(kind, level)), "rows": len(v) if len(fams[k]) > 1 else 0,
              "families": len(fams[k])}
         if kind == "*" and levels:
-            g["by_regime"] = {r: band(v, owner[k], q) for r, q in sorted(levels.items())}
+            g["by_regime"] = {r: bounds(v, owner[k], q) for r, q in sorted(levels.items())}
         groups[k] = g
-    return {"level": level, "min_rows": min_rows, "attention_spread": spread, "groups": groups}
+    return {"level": level, "min_rows": min_rows, "attention_band": list(band), "groups": groups}
 
 
 def covered(pred, table: dict) -> bool | None:
@@ -218,11 +245,11 @@ def covered(pred, table: dict) -> bool | None:
 LEVELS = tuple(round(0.80 + 0.01 * i, 2) for i in range(17))
 
 
-def _nested(loso: dict, level: float, min_rows: int, spread: float) -> dict[str, tuple[int, int]]:
+def _nested(loso: dict, level: float, min_rows: int, band: tuple) -> dict[str, tuple[int, int]]:
     """Per regime, (inside, rows with an interval): each family judged by a table built without it."""
     out: dict[str, list[int]] = {}
     for fam, preds in loso.items():
-        table = build_table([p for f, ps in loso.items() if f != fam for p in ps], level, min_rows, spread=spread)
+        table = build_table([p for f, ps in loso.items() if f != fam for p in ps], level, min_rows, band=band)
         for p in preds:
             c, r = covered(p, table), residual(p)
             if c is not None:
@@ -232,12 +259,12 @@ def _nested(loso: dict, level: float, min_rows: int, spread: float) -> dict[str,
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def _levels(loso: dict, target: float, min_rows: int, spread: float) -> tuple[float, dict[str, float]]:
+def _levels(loso: dict, target: float, min_rows: int, band: tuple) -> tuple[float, dict[str, float]]:
     """calibrated_level and calibrated_levels in one pass over LEVELS (their nested tables are the same)."""
     kinds = sorted({r[1] for ps in loso.values() for p in ps if (r := residual(p)) is not None})
     overall, found = None, {}
     for level in LEVELS:
-        per = _nested(loso, level, min_rows, spread)
+        per = _nested(loso, level, min_rows, band)
         inside, rows = sum(a for a, _ in per.values()), sum(n for _, n in per.values())
         if overall is None and rows and inside / rows >= target:
             overall = level
@@ -249,42 +276,42 @@ def _levels(loso: dict, target: float, min_rows: int, spread: float) -> tuple[fl
     return overall or LEVELS[-1], {k: found.get(k, LEVELS[-1]) for k in kinds}
 
 
-def calibrated_level(loso: dict, target: float = 0.8, min_rows: int = 8, spread: float = ATTENTION_SPREAD) -> float:
+def calibrated_level(loso: dict, target: float = 0.8, min_rows: int = 8, band: tuple = ATTENTION_BAND) -> float:
     """The lowest quantile level (LEVELS) whose intervals, each family's built without that family's
     residuals, cover `target` of the families' runs: the level a table needs to cover `target`
     of a source it has never seen (conformal-style, over families rather than rows)."""
-    return _levels(loso, target, min_rows, spread)[0]
+    return _levels(loso, target, min_rows, band)[0]
 
 
 def calibrated_levels(loso: dict, target: float = 0.8, min_rows: int = 8,
-                      spread: float = ATTENTION_SPREAD) -> dict[str, float]:
+                      band: tuple = ATTENTION_BAND) -> dict[str, float]:
     """calibrated_level per regime: the lowest level whose intervals cover `target` of that
     regime's runs, each family's built without it. Regimes differ in how far a new source's
     bias reaches, so one level over every run covers some regimes by over-covering others. A
     run's interval depends on its own regime's level only, so the levels are found together."""
-    return _levels(loso, target, min_rows, spread)[1]
+    return _levels(loso, target, min_rows, band)[1]
 
 
-def _table(loso: dict, target: float, min_rows: int, spread: float) -> dict:
+def _table(loso: dict, target: float, min_rows: int, band: tuple) -> dict:
     """The table calibrated on `loso`'s families: every residual, each regime at its own level."""
-    level, levels = _levels(loso, target, min_rows, spread)
-    table = build_table([p for ps in loso.values() for p in ps], level, min_rows, levels, spread)
+    level, levels = _levels(loso, target, min_rows, band)
+    table = build_table([p for ps in loso.values() for p in ps], level, min_rows, levels, band)
     return {**table, "quantile_level": level, "quantile_levels": levels}
 
 
-def shipped_table(loso: dict, target: float = 0.8, min_rows: int = 8, spread: float = ATTENTION_SPREAD) -> dict:
+def shipped_table(loso: dict, target: float = 0.8, min_rows: int = 8, band: tuple = ATTENTION_BAND) -> dict:
     """The table the planner reads: every family's residuals at the levels calibrated_levels finds."""
-    return {**_table(loso, target, min_rows, spread), "level": target}
+    return {**_table(loso, target, min_rows, band), "level": target}
 
 
 def honest(loso: dict, target: float = 0.8, min_rows: int = 8,
-           spread: float = ATTENTION_SPREAD) -> list[tuple[object, tuple[float, float, str] | None]]:
+           band: tuple = ATTENTION_BAND) -> list[tuple[object, tuple[float, float, str] | None]]:
     """Every run with the planner's interval (plan_interval) under a table calibrated without its
     family's residuals, the levels chosen without them too: what a run from a new source can
     expect. `loso`: family -> its leave-one-family-out Predictions."""
     out = []
     for fam, preds in loso.items():
-        nested = _table({f: ps for f, ps in loso.items() if f != fam}, target, min_rows, spread)
+        nested = _table({f: ps for f, ps in loso.items() if f != fam}, target, min_rows, band)
         out += [(p, plan_interval(p.plan, nested) if residual(p) is not None else None) for p in preds]
     return out
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from orchestrator.plan.inventory import GiB, fmt_bytes
-from orchestrator.plan.uncertainty import ATTENTION_SPREAD
+from orchestrator.plan.uncertainty import ATTENTION_BAND
 from orchestrator.plan.validate import configured_zero
 
 STEP_PARTS = (("compute", "arithmetic"), ("tp", "TP collectives"), ("cp", "CP collectives"),
@@ -133,8 +133,8 @@ def _interval_line(plan) -> str:
     attn = plan.attention_share or 0.0
     return (f"  MFU 80% interval {_fmt_pct(lo)} - {_fmt_pct(hi)} (published runs nobody fitted on, group {key}"
             + ("" if own else f"; stack {plan.spec.stack.name} has too few of its own")
-            + (f"; attention kernel {attn:.0%} of the step, up to {1 + ATTENTION_SPREAD:g}x slower on another "
-               "release" if attn >= 0.005 else "") + ")")
+            + (f"; attention kernel {attn:.0%} of the step, which another release runs up to "
+               f"{1 + ATTENTION_BAND[0]:.2f}x as long or {ATTENTION_BAND[1]:.0%} faster" if attn >= 0.005 else "") + ")")
 
 
 def _axes(plan) -> list[str]:
