@@ -158,7 +158,10 @@ def left_by_others(samples: list, start: float, end: float) -> float:
 
 
 def within(ratio: float) -> bool:
-    return 0.8 <= ratio <= 1.2
+    """Measured / predicted within what a prediction here aims for (plan/machine.py WITHIN)."""
+    from orchestrator.plan.machine import WITHIN
+
+    return 1 - WITHIN <= ratio <= 1 + WITHIN
 
 
 def main() -> None:
